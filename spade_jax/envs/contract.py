@@ -1,0 +1,58 @@
+"""The environment contract every generated or handwritten environment follows.
+
+An environment program is a Python module that defines exactly one class whose
+name ends in ``Env``:
+
+    class SomethingEnv:
+        def __init__(self, max_turns=10, **kwargs): ...
+        def reset(self, seed=None) -> tuple[str, dict]: ...
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...
+        def solution(self) -> str: ...   # optional: reference actions, one per line
+
+* ``reset(seed)`` builds a fresh instance from ``seed`` (same seed, same instance)
+  and returns the first observation and an info dict.
+* ``step(action)`` returns ``(observation, reward, terminated, truncated, info)``.
+  Rewards lie in [-1, 1]; ``SUCCESS_REWARD`` (1.0) on the final step means the
+  episode was won. ``truncated`` is set when ``max_turns`` runs out.
+* Reasoning games take one action per turn written as ``\\boxed{...}``; use
+  ``extract_boxed(action)`` to read it.
+* Tool-use environments subclass ``ToolUseEnv`` (see ``tool_use.py``): the agent
+  calls tools with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  and finishes with ``<answer>...</answer>``.
+* Imports: standard-library modules useful to environments (math, random, re,
+  json, itertools, collections, heapq, string, fractions, dataclasses, typing,
+  functools, ...) and numpy. ``ToolUseEnv``, ``extract_boxed`` and
+  ``SUCCESS_REWARD`` are predefined names in every environment module.
+
+This module is imported inside sandbox workers: standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+
+SUCCESS_REWARD = 1.0
+
+_BOXED_OPEN = re.compile(r"\\boxed\s*\{")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Returns the content of the last ``\\boxed{...}`` in ``text`` (braces balanced), or None."""
+    if not isinstance(text, str):
+        return None
+    starts = [m.end() for m in _BOXED_OPEN.finditer(text)]
+    for start in reversed(starts):
+        depth = 1
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i].strip()
+    return None
+
+
+def is_success(reward: float) -> bool:
+    """An episode is won when its final reward reaches SUCCESS_REWARD."""
+    return reward >= SUCCESS_REWARD - 1e-6

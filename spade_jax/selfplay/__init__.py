@@ -1,0 +1,1 @@
+"""selfplay stage."""
