@@ -1,0 +1,118 @@
+"""Episode rewards, environment statistics and every designer reward variant, by hand."""
+import math
+
+import numpy as np
+import pytest
+
+from spade_jax.rl import rewards as R
+
+
+def test_episode_rewards_clip_truncation_and_timeout():
+    final = [0.5, 2.0, -3.0, 1.0, 0.7, float("nan")]
+    terminated = [True, True, True, False, True, False]
+    timed_out = [False, False, False, False, True, True]
+    out = R.episode_rewards(final, terminated, timed_out)
+    np.testing.assert_array_equal(out, [0.5, 1.0, -1.0, 0.0, -0.5, -0.5])
+    out = R.episode_rewards(final, terminated, timed_out, timeout_penalty=-0.3)
+    np.testing.assert_array_equal(out, [0.5, 1.0, -1.0, 0.0, -0.3, -0.3])
+    np.testing.assert_array_equal(R.episode_rewards([0.25, 0.25], [True, False]), [0.25, 0.0])
+    assert R.episode_rewards(0.75, True).tolist() == [0.75]
+
+
+def test_episode_rewards_rejects_non_finite_terminated_reward():
+    with pytest.raises(ValueError, match="non-finite reward"):
+        R.episode_rewards([0.0, float("inf")], [True, True])
+
+
+def test_wins_use_contract_success():
+    np.testing.assert_array_equal(R.wins([1.0, 0.999, 1.0 - 1e-7, -1.0, 0.0]),
+                                  [True, False, True, False, False])
+
+
+def test_env_stats_by_hand():
+    s = R.env_stats([1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0])
+    assert (s.n_plain, s.n_hinted) == (4, 4)
+    assert s.win_rate == 0.5 and s.mean_plain == 0.5
+    assert s.mean_hinted == 0.75 and s.hinted_win_rate == 0.75
+    assert s.regret == pytest.approx(0.25)
+    assert s.mean_abs_advantage == pytest.approx(0.5)
+
+
+def test_env_stats_partial_rewards_and_negative_gap():
+    s = R.env_stats([0.2, -0.5, 1.0], [0.0, 0.0, 0.0])
+    assert s.win_rate == pytest.approx(1 / 3)
+    assert s.mean_plain == pytest.approx(0.7 / 3)
+    # |0.2-0.2333| + |-0.5-0.2333| + |1-0.2333| = 0.0333 + 0.7333 + 0.7667 = 1.5333
+    assert s.mean_abs_advantage == pytest.approx(1.5333333 / 3, abs=1e-6)
+    assert s.regret == 0.0  # hints made it worse: clipped at 0
+
+
+def test_env_stats_matched_seeds_and_no_hints():
+    s = R.env_stats([1.0, 0.0, 0.0], [1.0, 1.0], plain_seeds=[1, 2, 3], hinted_seeds=[1, 2])
+    assert s.mean_plain == pytest.approx(1 / 3)  # all plain episodes
+    assert s.regret == pytest.approx(0.5)  # matched: plain {1: 1, 2: 0} vs hinted {1, 1}
+    s = R.env_stats([1.0, 0.0])
+    assert math.isnan(s.mean_hinted) and math.isnan(s.hinted_win_rate) and s.regret == 0.0
+    with pytest.raises(ValueError, match="at least one plain"):
+        R.env_stats([], [1.0])
+    with pytest.raises(ValueError, match="both plain_seeds"):
+        R.env_stats([1.0], [1.0], plain_seeds=[1])
+
+
+@pytest.mark.parametrize("p,expected", [
+    (0.5, 1.0), (0.4, 1.0), (0.6, 1.0), (0.3, 0.6), (0.2, 0.2), (0.15, 0.0), (0.0, 0.0),
+    (0.7, 0.6), (0.85, 0.0), (1.0, 0.0),
+])
+def test_plateau(p, expected):
+    assert float(R.plateau(p)) == pytest.approx(expected)
+
+
+def _stats(win_rate, regret, mean_abs_advantage=0.0):
+    return R.EnvStats(n_plain=16, n_hinted=16, win_rate=win_rate, mean_plain=win_rate,
+                      mean_hinted=win_rate + regret, hinted_win_rate=win_rate + regret,
+                      regret=regret, mean_abs_advantage=mean_abs_advantage)
+
+
+def test_blend_reward_by_hand():
+    blend = R.DesignerRewardConfig()
+    assert R.designer_reward(_stats(0.3, 0.06), blend) == pytest.approx(0.4 * 0.4 + 0.6 * 0.6)
+    assert R.designer_reward(_stats(0.5, 0.30), blend) == pytest.approx(1.0)
+    assert R.designer_reward(_stats(0.0, 0.0), blend) == 0.0  # impossible env
+    assert R.designer_reward(_stats(1.0, 0.0), blend) == 0.0  # trivial env
+    assert R.designer_reward(_stats(0.9, 0.15), blend) == pytest.approx(0.4)
+    custom = R.DesignerRewardConfig(regret_weight=0.5, regret_scale=0.1, plateau_weight=0.5,
+                                    plateau_low=0.3, plateau_high=0.5, plateau_ramp=0.1)
+    # regret 0.05/0.1 = 0.5; p = 0.55 is 0.05 above the plateau: 1 - 0.05/0.1 = 0.5
+    assert R.designer_reward(_stats(0.55, 0.05), custom) == pytest.approx(0.5)
+
+
+def test_other_variants_by_hand():
+    s = _stats(0.25, 0.125, mean_abs_advantage=0.375)
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="regret")) == 0.125
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="learnability")) == 0.75
+    assert R.designer_reward(_stats(0.0, 0.0), R.DesignerRewardConfig(kind="learnability")) == 0.0
+    assert R.designer_reward(_stats(1.0, 0.0), R.DesignerRewardConfig(kind="learnability")) == 0.0
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="sfl")) == pytest.approx(0.1875)
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="learning_potential")) == 0.375
+
+
+def test_learning_potential_from_episodes_is_two_p_one_minus_p_for_binary_rewards():
+    s = R.env_stats([1.0, 0.0, 0.0, 0.0])
+    lp = R.designer_reward(s, R.DesignerRewardConfig(kind="learning_potential"))
+    assert lp == pytest.approx(2 * 0.25 * 0.75)
+
+
+def test_failures_get_penalty_and_batch_function():
+    cfg = R.DesignerRewardConfig(kind="sfl", failure_penalty=-0.7)
+    out = R.designer_rewards([_stats(0.5, 0.0), None, _stats(0.1, 0.0)], cfg)
+    np.testing.assert_allclose(out, [0.25, -0.7, 0.09])
+    assert R.designer_reward(None) == -1.0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown"):
+        R.DesignerRewardConfig(kind="nope")
+    with pytest.raises(ValueError, match="> 0"):
+        R.DesignerRewardConfig(regret_scale=0.0)
+    with pytest.raises(ValueError, match="plateau_low"):
+        R.DesignerRewardConfig(plateau_low=0.7, plateau_high=0.6)
