@@ -1,0 +1,157 @@
+"""EnvironmentMemory: records, replay updates, eviction order, exemplars, lossless state."""
+import json
+
+import numpy as np
+import pytest
+
+from spade_jax.designer.memory import EnvironmentMemory, truncate_code
+
+CODE = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'guess', {}\n"
+
+
+def _add(mem, win_rate, regret, iteration=0, skill="logical deduction", **kw):
+    return mem.add(CODE, skill, iteration=iteration, win_rate=win_rate, mean_plain=win_rate,
+                   mean_hinted=win_rate + regret, regret=regret, designer_reward=0.5, **kw)
+
+
+def test_add_fields_ids_and_validation():
+    mem = EnvironmentMemory()
+    env_id, evicted = mem.add(CODE, "optimization", iteration=3, doc_id="doc-7", win_rate=0.25,
+                              mean_plain=0.25, mean_hinted=float("nan"), regret=np.float32(0.5),
+                              designer_reward=0.8, admission={"stages": ["import", "reset"], "ok": True})
+    assert (env_id, evicted) == ("env-000000", [])
+    rec = mem.get(env_id)
+    assert (rec.skill, rec.doc_id, rec.win_rate, rec.regret) == ("optimization", "doc-7", 0.25, 0.5)
+    assert rec.mean_hinted is None  # NaN (no hinted episodes) is stored as None
+    assert (rec.iteration_added, rec.last_played, rec.times_replayed) == (3, 3, 0)
+    assert rec.admission == {"stages": ["import", "reset"], "ok": True}
+    assert mem.add_seed(CODE, "spatial reasoning", name="maze") == "seed-maze"
+    assert mem.get("seed-maze").is_seed and not mem.get("seed-maze").measured
+    assert _add(mem, 0.5, 0.1)[0] == "env-000002"
+    with pytest.raises(ValueError, match="already in the memory"):
+        mem.add_seed(CODE, "spatial reasoning", name="maze")
+    with pytest.raises(ValueError, match="JSON-serialisable"):
+        mem.add(CODE, "x", iteration=0, admission={"f": object()})
+    with pytest.raises(ValueError, match="non-empty"):
+        mem.add("  ", "x", iteration=0)
+    with pytest.raises(KeyError, match="not in the memory"):
+        mem.get("nope")
+
+
+def test_update_on_replay():
+    mem = EnvironmentMemory()
+    env_id, _ = _add(mem, 0.5, 0.1, iteration=1)
+    rec = mem.update(env_id, iteration=4, win_rate=0.75, mean_plain=0.7, mean_hinted=0.9,
+                     regret=0.2)
+    assert (rec.win_rate, rec.mean_plain, rec.mean_hinted, rec.regret) == (0.75, 0.7, 0.9, 0.2)
+    assert rec.designer_reward == 0.5  # not given: kept
+    assert (rec.times_replayed, rec.last_played, mem.iteration) == (1, 4, 4)
+    mem.update(env_id, iteration=5, win_rate=0.5, mean_plain=0.5, mean_hinted=0.5, regret=0.0,
+               designer_reward=0.1)
+    assert (rec.times_replayed, rec.designer_reward) == (2, 0.1)
+
+
+def test_eviction_lowest_decayed_regret_first():
+    mem = EnvironmentMemory(capacity=3, staleness_decay=0.5)
+    a, _ = _add(mem, 0.5, 0.4, iteration=0)
+    b, _ = _add(mem, 0.5, 0.1, iteration=0)
+    c, _ = _add(mem, 0.5, 0.2, iteration=1)
+    # now = 3: a 0.4 * 0.5^3 = 0.05, b 0.1 * 0.5^3 = 0.0125, c 0.2 * 0.5^2 = 0.05, d 0.05
+    d, evicted = _add(mem, 0.5, 0.05, iteration=3)
+    assert evicted == [b]
+    assert mem.score(mem.get(a)) == pytest.approx(0.05) and mem.score(mem.get(d)) == pytest.approx(0.05)
+    e, evicted = _add(mem, 0.5, 0.0, iteration=3)  # lowest score: the new record itself
+    assert evicted == [e] and e not in mem
+    mem.update(a, iteration=3, win_rate=0.5, mean_plain=0.5, mean_hinted=0.9, regret=0.4)
+    _, evicted = _add(mem, 0.5, 0.1, iteration=3)  # c (0.05) and d (0.05): d played later
+    assert evicted == [c]
+
+
+def test_eviction_ties_go_to_least_recently_played():
+    mem = EnvironmentMemory(capacity=2)
+    x, _ = _add(mem, 0.0, 0.0, iteration=0)
+    y, _ = _add(mem, 0.0, 0.0, iteration=0)
+    mem.update(x, iteration=2, win_rate=0.0, mean_plain=0.0, mean_hinted=0.0, regret=0.0)
+    _, evicted = _add(mem, 0.0, 0.0, iteration=2)
+    assert evicted == [y]
+    assert len(mem) == 2
+
+
+def _exemplar_memory():
+    mem = EnvironmentMemory()
+    ids = {}
+    for name, wr, rg in [("p1", 0.5, 0.3), ("p2", 0.3, 0.2), ("p3", 0.7, 0.1), ("p4", 0.2, 0.05),
+                         ("p5", 0.6, 0.0), ("easy", 1.0, 0.0), ("hard", 0.0, 0.0), ("mid", 0.88, 0.4)]:
+        ids[name] = _add(mem, wr, rg, env_id=name)[0]
+    return mem
+
+
+def test_exemplars_follow_reference_criteria():
+    mem = _exemplar_memory()
+    seen = set()
+    for seed in range(30):
+        ex = mem.exemplars(seed)
+        assert [e.kind for e in ex] == ["positive", "positive", "negative"]
+        pos = [e.env_id for e in ex[:2]]
+        assert set(pos) <= {"p1", "p2", "p3", "p4"}  # top 2 * 2 by regret, band only
+        assert [e.regret for e in ex[:2]] == sorted([e.regret for e in ex[:2]], reverse=True)
+        assert all(e.qualified and e.label == "good difficulty" for e in ex[:2])
+        neg = ex[2]
+        assert neg.env_id in {"easy", "hard"} and neg.qualified
+        assert neg.label == {"easy": "too easy", "hard": "too hard"}[neg.env_id]
+        seen.add(tuple(pos))
+    assert len(seen) > 1  # varied across prompts
+    assert mem.exemplars(7) == mem.exemplars(np.random.default_rng(7))  # seed or Generator
+
+
+def test_exemplars_when_not_enough_qualify():
+    assert EnvironmentMemory().exemplars(0) == []
+    mem = EnvironmentMemory()
+    _add(mem, 0.5, 0.3, env_id="p1")
+    mem.add_seed(CODE, "pattern recognition", name="s")
+    _add(mem, 0.88, 0.4, env_id="mid")
+    ex = mem.exemplars(0, n_positive=3, n_negative=1)
+    assert [(e.env_id, e.qualified, e.label) for e in ex] == [
+        ("p1", True, "good difficulty"), ("seed-s", False, "unmeasured"), ("mid", False, "borderline")]
+    _add(mem, 0.95, 0.0, env_id="easy")
+    ex = mem.exemplars(0, n_positive=1, n_negative=2)  # only one negative exists
+    assert [e.env_id for e in ex] == ["p1", "easy"]
+
+
+def test_exemplars_prefer_requested_skill_and_truncate_code():
+    mem = EnvironmentMemory(max_code_lines=3)
+    long_code = "\n".join(f"x{i} = {i}" for i in range(10))
+    mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
+            mean_hinted=0.6, regret=0.1, env_id="opt")
+    _add(mem, 0.5, 0.3, env_id="logic")
+    ex = mem.exemplars(0, n_positive=1, n_negative=0, skill="optimization")
+    assert [e.env_id for e in ex] == ["opt"]
+    assert ex[0].code == "x0 = 0\nx1 = 1\nx2 = 2\n# ... (truncated)"
+    ex = mem.exemplars(0, n_positive=2, n_negative=0, skill="optimization")
+    assert [e.env_id for e in ex] == ["opt", "logic"] and all(e.qualified for e in ex)
+
+
+def test_truncate_code_by_chars():
+    assert truncate_code("abc\ndef\nghi", 10, 9) == "abc\ndef\n# ... (truncated)"
+    assert truncate_code("abcdefghij", 10, 4) == "abcd\n# ... (truncated)"
+    assert truncate_code("short", 10, 100) == "short"
+
+
+def test_state_round_trip_is_lossless():
+    mem = EnvironmentMemory(capacity=4, staleness_decay=0.9, max_code_chars=500)
+    mem.add_seed(CODE, "causal inference", name="fork", admission={"note": "seed"})
+    for i, (wr, rg) in enumerate([(0.1 + 0.2, 1 / 3), (0.5, 0.1), (0.95, 2 ** -40), (0.0, 0.0)]):
+        _add(mem, wr, rg, iteration=i + 1, doc_id=f"doc-{i}", admission={"times": [1.5, i]})
+    mem.update("env-000002", iteration=6, win_rate=0.4, mean_plain=0.4, mean_hinted=None,
+               regret=0.123456789012345)
+    state = mem.to_state()
+    restored = EnvironmentMemory.from_state(json.loads(json.dumps(state, allow_nan=False)))
+    assert restored.to_state() == state
+    assert restored.records() == mem.records()
+    assert [r.env_id for r in restored.records()] == [r.env_id for r in mem.records()]
+    assert restored.get("env-000001").win_rate == 0.1 + 0.2
+    assert restored.exemplars(3) == mem.exemplars(3)
+    assert _add(restored, 0.5, 0.2, iteration=7) == _add(mem, 0.5, 0.2, iteration=7)
+    assert restored.to_state() == mem.to_state()
+    with pytest.raises(ValueError, match="version"):
+        EnvironmentMemory.from_state({"version": 99})
