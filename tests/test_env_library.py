@@ -54,7 +54,11 @@ def _load_class(source, module_name="seed_env"):
     return classes[0]
 
 
-CASES = [pytest.param(env.name, knobs, id=f"{env.name}-{'default' if knobs is None else '-'.join(map(str, knobs.values()))}")
+def _case_id(name, knobs):
+    return f"{name}-{'default' if knobs is None else '-'.join(map(str, knobs.values()))}"
+
+
+CASES = [pytest.param(env.name, knobs, id=_case_id(env.name, knobs))
          for env in library.SEED_ENVS for knobs in _knob_settings(env)]
 
 
@@ -97,8 +101,12 @@ def test_program_shape_matches_registry(env):
         assert method_names[2] == "step"
     else:
         assert cls.tools and all(hasattr(cls, f"tool_{tool['function']['name']}") for tool in cls.tools)
-    imports = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imports |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imports = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imports.add(node.module.split(".")[0])
     allowed = {"math", "random", "re", "json", "itertools", "collections", "heapq", "string", "fractions",
                "dataclasses", "typing", "functools", "numpy", "spade_jax"}
     assert imports <= allowed
@@ -121,8 +129,10 @@ def test_readme_table_matches_registry():
     readme = (pathlib.Path(library.__file__).parent / "README.md").read_text()
     rows = re.findall(r"^\| (\w+) \| ([a-z ]+) \| (game|tool use)[^|]* \| ([^|]+) \|", readme, re.MULTILINE)
     table = {name: (skill, kind.replace(" ", "_"), knobs.strip()) for name, skill, kind, knobs in rows}
-    expected = {env.name: (env.skill, env.kind, ", ".join(f"{knob} {values[0]}..{values[-1]}" for knob, values in env.knobs.items()))
-                for env in library.SEED_ENVS}
+    expected = {}
+    for env in library.SEED_ENVS:
+        knobs = ", ".join(f"{knob} {values[0]}..{values[-1]}" for knob, values in env.knobs.items())
+        expected[env.name] = (env.skill, env.kind, knobs)
     assert table == expected
 
 
@@ -231,12 +241,15 @@ def test_knapsack_optimum_matches_brute_force_and_overweight_loses():
     for seed in range(20):
         observation, _ = env.reset(seed)
         capacity = int(re.search(r"at most (\d+) kg", observation).group(1))
-        items = {label: (int(w), int(v)) for label, w, v in re.findall(r"(\w): (\d+) kg, worth (\d+)", observation)}
-        best = max(sum(items[i][1] for i in subset) for n in range(len(items) + 1)
-                   for subset in itertools.combinations(items, n) if sum(items[i][0] for i in subset) <= capacity)
+        items = {label: (int(w), int(v))
+                 for label, w, v in re.findall(r"(\w): (\d+) kg, worth (\d+)", observation)}
+        subsets = [subset for n in range(len(items) + 1) for subset in itertools.combinations(items, n)]
+        best = max(sum(items[i][1] for i in subset) for subset in subsets
+                   if sum(items[i][0] for i in subset) <= capacity)
         chosen = env.solution()[len("\\boxed{"):-1]
         assert sum(items[i][1] for i in chosen) == best
-        assert env.step("\\boxed{ABCDEFG}")[:3] == (f"Too heavy: {sum(w for w, _ in items.values())} kg.", 0.0, True)
+        total_weight = sum(weight for weight, _ in items.values())
+        assert env.step("\\boxed{ABCDEFG}")[:3] == (f"Too heavy: {total_weight} kg.", 0.0, True)
 
 
 def test_job_order_shortest_first_is_optimal_and_longest_first_loses():

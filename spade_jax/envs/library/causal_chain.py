@@ -34,12 +34,15 @@ class CausalChainEnv:
             self.answer = self._consequences()
             if 1 < len(self.answer) < NUM_EVENTS:
                 break
-        lines = [f"If {' and '.join(causes)} {'both happen' if len(causes) == 2 else 'happens'}, then {effect} happens."
-                 for causes, effect in self.rules]
+        lines = []
+        for causes, effect in self.rules:
+            verb = "both happen" if len(causes) == 2 else "happens"
+            lines.append(f"If {' and '.join(causes)} {verb}, then {effect} happens.")
         self.turn, self.done = 0, False
         observation = (
             "\n".join(lines) + f"\nOnly {self.trigger} is started from outside. Which events happen?\n"
-            f"Reply with their letters (including {self.trigger}) in alphabetical order in \\boxed{{}}, e.g. \\boxed{{ABD}}."
+            f"Reply with their letters (including {self.trigger}) in alphabetical order in \\boxed{{}}, "
+            "e.g. \\boxed{ABD}."
         )
         return observation, {}
 

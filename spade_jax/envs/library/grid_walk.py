@@ -43,7 +43,9 @@ class GridWalkEnv:
         self.turn += 1
         move = (extract_boxed(action) or "").lower()
         if move not in MOVES:
-            return self._result("Invalid action. Reply with \\boxed{up}, \\boxed{down}, \\boxed{left} or \\boxed{right}.")
+            return self._result(
+                "Invalid action. Reply with \\boxed{up}, \\boxed{down}, \\boxed{left} or \\boxed{right}."
+            )
         row, col = self.position
         target = (row + MOVES[move][0], col + MOVES[move][1])
         if not self._is_open(target):

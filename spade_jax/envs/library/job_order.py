@@ -26,7 +26,8 @@ class JobOrderEnv:
         self.best = min(itertools.permutations(self.jobs), key=self._cost)
         self.order, self.clock = [], 0
         if WEIGHTED:
-            listing = ", ".join(f"{label} takes {hours} h (priority {weight})" for label, (hours, weight) in self.jobs.items())
+            listing = ", ".join(f"{label} takes {hours} h (priority {weight})"
+                                for label, (hours, weight) in self.jobs.items())
             goal = "the sum of priority times finish time"
         else:
             listing = ", ".join(f"{label} takes {hours} h" for label, (hours, _) in self.jobs.items())

@@ -21,7 +21,8 @@ class KnapsackEnv:
 
     def reset(self, seed=None):
         rng = random.Random(seed)
-        self.items = {label: (rng.randint(1, MAX_WEIGHT), rng.randint(1, MAX_VALUE)) for label in "ABCDEFG"[:NUM_ITEMS]}
+        self.items = {label: (rng.randint(1, MAX_WEIGHT), rng.randint(1, MAX_VALUE))
+                      for label in "ABCDEFG"[:NUM_ITEMS]}
         self.capacity = sum(weight for weight, _ in self.items.values()) // 2
         self.best_value, self.best = 0, ""
         for size in range(1, NUM_ITEMS + 1):
@@ -29,10 +30,12 @@ class KnapsackEnv:
                 weight, value = self._totals(chosen)
                 if weight <= self.capacity and value > self.best_value:
                     self.best_value, self.best = value, "".join(chosen)
-        listing = "\n".join(f"{label}: {weight} kg, worth {value}" for label, (weight, value) in self.items.items())
+        listing = "\n".join(f"{label}: {weight} kg, worth {value}"
+                            for label, (weight, value) in self.items.items())
         self.turn, self.done = 0, False
         observation = (
-            f"Your bag holds at most {self.capacity} kg. Pack items with the largest total worth.\n{listing}\n"
+            f"Your bag holds at most {self.capacity} kg. Pack items with the largest total worth.\n"
+            f"{listing}\n"
             "Reply with the letters of the items you pack in \\boxed{}, e.g. \\boxed{AC}."
         )
         return observation, {}

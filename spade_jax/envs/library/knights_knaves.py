@@ -56,7 +56,7 @@ class KnightsKnavesEnv:
         letters = "".join((text or "").replace(",", " ").split()).upper()
         known = letters != "" and set(letters) <= set(self.people) and len(set(letters)) == len(letters)
         if letters != "NONE" and not known:
-            return self._result("Invalid action. Reply with the knights' letters in \\boxed{}, e.g. \\boxed{AC}.")
+            return self._result("Invalid action. Reply with knight letters in \\boxed{}, e.g. \\boxed{AC}.")
         if sorted(letters) == sorted(self.answer.upper()):
             return self._result("Correct!", SUCCESS_REWARD, True)
         return self._result("Wrong answer.", 0.0, True)

@@ -31,7 +31,8 @@ class NearestCityEnv(ToolUseEnv):
         while True:
             self.cities = rng.sample(CITIES, NUM_CITIES)
             self.home = (rng.randint(0, MAP_SIZE), rng.randint(0, MAP_SIZE))
-            self.positions = {city: (rng.randint(0, MAP_SIZE), rng.randint(0, MAP_SIZE)) for city in self.cities}
+            self.positions = {city: (rng.randint(0, MAP_SIZE), rng.randint(0, MAP_SIZE))
+                              for city in self.cities}
             distances = sorted(self._distance(city) for city in self.cities)
             if distances[0] < distances[1]:
                 break

@@ -20,7 +20,8 @@ class PlantExperimentEnv(ToolUseEnv):
     tools = [{"type": "function", "function": {
         "name": "experiment",
         "description": "Give the plant some factors (comma-separated) and see whether it grows.",
-        "parameters": {"type": "object", "properties": {"factors": {"type": "string"}}, "required": ["factors"]},
+        "parameters": {"type": "object", "properties": {"factors": {"type": "string"}},
+                       "required": ["factors"]},
     }}]
 
     def __init__(self, max_turns=10, **kwargs):
@@ -32,7 +33,8 @@ class PlantExperimentEnv(ToolUseEnv):
         self.causes = sorted(rng.sample(self.factors, NUM_CAUSES))
         self.expected_answer = ", ".join(self.causes)
         observation = (
-            f"A plant grows only when it gets all of its {NUM_CAUSES} required factor(s); other factors do nothing. "
+            f"A plant grows only when it gets all of its {NUM_CAUSES} required factor(s); "
+            "other factors do nothing. "
             f"Factors: {', '.join(self.factors)}. Find the required factor(s) by experiment. "
             "Answer with their names in alphabetical order, separated by commas."
         )

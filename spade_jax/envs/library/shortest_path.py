@@ -57,7 +57,7 @@ class ShortestPathEnv(ToolUseEnv):
         return "\n".join(lines)
 
     def _dijkstra(self):
-        """Towns settled before the goal, in order, and the cheapest cost from A to the goal (always connected)."""
+        """Towns settled before the goal, in order, and the cheapest cost to it (the map is connected)."""
         queue, settled = [(0, "A")], []
         while True:
             cost, town = heapq.heappop(queue)

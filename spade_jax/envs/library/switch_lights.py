@@ -46,7 +46,9 @@ class SwitchLightsEnv:
             if numbers == self.wiring:
                 return self._result("Correct wiring!", SUCCESS_REWARD, True)
             return self._result("Wrong wiring.", 0.0, True)
-        return self._result("Invalid action. Reply with \\boxed{flip 1}, or \\boxed{answer ...} with one light per switch.")
+        return self._result(
+            "Invalid action. Reply with \\boxed{flip 1}, or \\boxed{answer ...} with one light per switch."
+        )
 
     def solution(self):
         actions = [f"\\boxed{{flip {switch}}}" for switch in range(1, NUM_SWITCHES)]

@@ -19,7 +19,8 @@ class TallestEnv(ToolUseEnv):
     tools = [{"type": "function", "function": {
         "name": "compare",
         "description": "Say which of two people is taller.",
-        "parameters": {"type": "object", "properties": {"first": {"type": "string"}, "second": {"type": "string"}},
+        "parameters": {"type": "object",
+                       "properties": {"first": {"type": "string"}, "second": {"type": "string"}},
                        "required": ["first", "second"]},
     }}]
 
