@@ -80,7 +80,8 @@ def pg_loss_terms(
     old_logprobs_BT, sampler_logprobs_BT, ref_logprobs_BT: constants (stop-gradient).
     advantages: (B,) per sequence or (B, T) per token. mask_BT: 1 on tokens the policy
     generated, 0 on prompt, observation and padding tokens. weights_B: per-sequence
-    loss weights (role weight x optional regret weight), default 1; they scale the
+    (B,) or per-token (B, T) loss weights (role weight x optional regret weight; packed
+    rows carry several sequences, hence per token), default 1; they scale the
     numerator only, the denominator counts tokens. entropy_BT: optional per-token
     entropies (see `entropy`) to report as ``entropy_sum``.
     """
@@ -118,14 +119,16 @@ def pg_loss_terms(
         metrics["ref_kl_sum"] = jnp.sum(mask * jax.lax.stop_gradient(kl))
 
     weights = jnp.ones(mask.shape[:1], jnp.float32) if weights_B is None else weights_B.astype(jnp.float32)
-    loss_sum = jnp.sum(mask * weights[:, None] * token_loss)
+    if weights.ndim == 1:
+        weights = weights[:, None]
+    loss_sum = jnp.sum(mask * weights * token_loss)
 
     sg = jax.lax.stop_gradient
     r = sg(ratio)
     clip_low = (r < 1.0 - eps_low) & (adv < 0)
     clip_high = (r > 1.0 + eps_high) & (adv > 0)
     metrics.update(
-        pg_loss_sum=jnp.sum(mask * weights[:, None] * sg(tis * pg)),
+        pg_loss_sum=jnp.sum(mask * weights * sg(tis * pg)),
         clip_low_sum=jnp.sum(mask * clip_low),
         clip_high_sum=jnp.sum(mask * clip_high),
         clip_frac_sum=jnp.sum(mask * (clip_low | clip_high)),

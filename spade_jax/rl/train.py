@@ -1,0 +1,239 @@
+"""The XLA-compiled update: one optimizer step over a packed batch of both roles.
+
+`Trainer` owns the optimizer state and updates the policy's parameters in place
+(`nnx.update`), so the sampler always sees the newest weights. The step is a single
+`jax.jit` with explicit in/out shardings and a donated state; micro-batches run under
+`lax.scan` and their gradients of the loss *sums* are added, then divided by the total
+token count, which is exact whatever the number of tokens in each micro-batch.
+
+Two objectives share the machinery: `"pg"` (clipped policy gradient, `rl/losses.py`)
+for self-play and `"nll"` (token cross-entropy on the masked tokens) for supervised
+bootstrapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spade_jax.models.policy import Policy
+from spade_jax.models.sharding import activation_sharding, param_shardings
+from spade_jax.rl import losses
+from spade_jax.rl.batch import ROLE_IDS, TrainBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm clipping and linear warmup to a constant (or cosine) rate."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # "constant" | "cosine"
+    total_steps: int = 0  # cosine decay horizon
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    objective: str = "pg"  # "pg" | "nll"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    micro_batch_rows: int = 0  # rows per micro-batch; 0 = the whole batch at once
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    if cfg.schedule == "constant":
+        schedule = optax.constant_schedule(cfg.lr)
+        if cfg.warmup_steps:
+            schedule = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+            schedule = optax.join_schedules([schedule, optax.constant_schedule(cfg.lr)], [cfg.warmup_steps])
+    elif cfg.schedule == "cosine":
+        if cfg.total_steps <= cfg.warmup_steps:
+            raise ValueError("cosine schedule needs total_steps > warmup_steps")
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0, cfg.lr, max(cfg.warmup_steps, 1), cfg.total_steps, end_value=cfg.lr * 0.1
+        )
+    else:
+        raise ValueError(f"unknown lr schedule {cfg.schedule!r}; choose constant or cosine")
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
+    )
+
+
+class Trainer:
+    """Optimizer state plus the compiled update for one `Policy`."""
+
+    def __init__(self, policy: Policy, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig()):
+        if loss.objective not in ("pg", "nll"):
+            raise ValueError(f"unknown objective {loss.objective!r}; choose pg or nll")
+        self.policy = policy
+        self.optim_config = optim
+        self.loss_config = loss
+        self.optimizer = make_optimizer(optim)
+        self.graphdef, params = nnx.split(policy.model)
+        mesh = policy.mesh
+        self._param_shardings = nnx.to_pure_dict(param_shardings(params, mesh, policy.rules))
+        self._replicated = NamedSharding(mesh, PartitionSpec())
+        batch_axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
+        self.data_parallel = int(np.prod([mesh.shape[a] for a in batch_axes] or [1]))
+        self._row_sharding = NamedSharding(mesh, PartitionSpec(batch_axes or None, None))
+        pure = nnx.to_pure_dict(params)
+        self.opt_state = jax.jit(self.optimizer.init)(pure)
+        self.step = 0
+        self.ref_params = pure if loss.kl_coef > 0 else None
+        self._update = jax.jit(
+            self._update_fn,
+            donate_argnums=(0, 1),
+            out_shardings=(self._param_shardings, None, self._replicated),
+        )
+        self._logprobs = jax.jit(self._logprobs_fn)
+
+    # ---- host API -------------------------------------------------------------------------
+
+    @property
+    def params(self) -> dict:
+        return nnx.to_pure_dict(nnx.state(self.policy.model))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint needs to continue the optimisation exactly."""
+        return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+
+    def _set_params(self, pure_params: dict) -> None:
+        state = nnx.state(self.policy.model)
+        nnx.replace_by_pure_dict(state, pure_params)
+        nnx.update(self.policy.model, state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._set_params(state["params"])
+        self.opt_state = state["opt_state"]
+        self.step = int(state["step"])
+
+    def device_batch(self, batch: TrainBatch) -> dict[str, jax.Array]:
+        """Global arrays of the batch rows, sharded over the data-parallel axes (multi-process safe)."""
+        if batch.num_rows % self.data_parallel:
+            raise ValueError(
+                f"batch of {batch.num_rows} rows is not divisible by the data-parallel size "
+                f"{self.data_parallel}; pack with row_multiple={self.data_parallel}"
+            )
+        out = {}
+        for name, host in batch.arrays().items():
+            out[name] = jax.make_array_from_callback(
+                host.shape, self._row_sharding, lambda index, host=host: host[index]
+            )
+        return out
+
+    def logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """Trainer-side log-probs of every target, `(R, T)` (the PPO anchor)."""
+        arrays = self.device_batch(batch)
+        return np.asarray(self._logprobs(self.params, arrays))
+
+    def update(self, batch: TrainBatch, old_logprobs_RT: np.ndarray | None = None) -> dict[str, float]:
+        """One optimizer step. Without `old_logprobs_RT` the anchor is the current policy."""
+        start = time.perf_counter()
+        arrays = self.device_batch(batch)
+        if old_logprobs_RT is not None:
+            arrays["old_logprobs_RT"] = jax.make_array_from_callback(
+                old_logprobs_RT.shape, self._row_sharding, lambda i: np.asarray(old_logprobs_RT, np.float32)[i]
+            )
+        params, self.opt_state, metrics = self._update(self.params, self.opt_state, arrays, self.ref_params)
+        self._set_params(params)
+        self.step += 1
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        elapsed = time.perf_counter() - start
+        metrics["step_time_s"] = elapsed
+        metrics["tokens_per_s"] = float(batch.target_mask_RT.sum() + (batch.segment_ids_RT > 0).sum()) / elapsed
+        return metrics
+
+    # ---- compiled functions --------------------------------------------------------------
+
+    def _forward_logits(self, params, arrays):
+        model = nnx.merge(self.graphdef, params)
+        with activation_sharding(self.policy.mesh, self.policy.rules):
+            logits_RTV, _ = model(arrays["tokens_RT"], arrays["positions_RT"], arrays["segment_ids_RT"])
+        return logits_RTV
+
+    def _logprobs_fn(self, params, arrays):
+        logits_RTV = self._forward_logits(params, arrays)
+        return losses.token_logprobs(logits_RTV, arrays["targets_RT"])
+
+    def _micro_terms(self, params, micro, ref_params):
+        cfg = self.loss_config
+        logits_RTV = self._forward_logits(params, micro)
+        logp_RT = losses.token_logprobs(logits_RTV, micro["targets_RT"])
+        mask_RT = micro["target_mask_RT"]
+        if cfg.objective == "nll":
+            weighted = mask_RT * micro["weights_RT"]
+            return losses.PGLossTerms(
+                loss_sum=-jnp.sum(weighted * logp_RT),
+                token_count=jnp.sum(mask_RT),
+                metrics={"nll_sum": -jnp.sum(mask_RT * jax.lax.stop_gradient(logp_RT))},
+            )
+        ref_logp = None
+        if ref_params is not None:
+            ref_logp = jax.lax.stop_gradient(
+                losses.token_logprobs(self._forward_logits(ref_params, micro), micro["targets_RT"])
+            )
+        old = micro.get("old_logprobs_RT", jax.lax.stop_gradient(logp_RT))
+        terms = losses.pg_loss_terms(
+            logp_RT,
+            old,
+            micro["advantages_RT"],
+            mask_RT,
+            sampler_logprobs_BT=micro["sampler_logprobs_RT"],
+            weights_B=micro["weights_RT"],
+            ref_logprobs_BT=ref_logp,
+            kl_coef=cfg.kl_coef,
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            tis_cap=cfg.tis_cap,
+            entropy_BT=losses.entropy(jax.lax.stop_gradient(logits_RTV), mask_RT),
+        )
+        for role, role_id in ROLE_IDS.items():
+            terms.metrics[f"{role}_tokens_sum"] = jnp.sum(mask_RT * (micro["roles_RT"] == role_id))
+        return terms
+
+    def _update_fn(self, params, opt_state, arrays, ref_params):
+        rows = arrays["tokens_RT"].shape[0]
+        micro_rows = self.loss_config.micro_batch_rows or rows
+        if rows % micro_rows:
+            raise ValueError(f"{rows} rows do not split into micro-batches of {micro_rows} rows")
+        num_micro = rows // micro_rows
+        micro_arrays = jax.tree.map(lambda a: a.reshape(num_micro, micro_rows, *a.shape[1:]), arrays)
+
+        def loss_sum_and_terms(p, micro):
+            terms = self._micro_terms(p, micro, ref_params)
+            return terms.loss_sum, terms
+
+        grad_fn = jax.value_and_grad(loss_sum_and_terms, has_aux=True)
+
+        def micro_step(carry, micro):
+            grads_acc, terms_acc = carry
+            (_, terms), grads = grad_fn(params, micro)
+            return (jax.tree.map(jnp.add, grads_acc, grads), losses.accumulate(terms_acc, terms)), None
+
+        (_, terms), grads = grad_fn(params, jax.tree.map(lambda a: a[0], micro_arrays))
+        if num_micro > 1:
+            rest = jax.tree.map(lambda a: a[1:], micro_arrays)
+            (grads, terms), _ = jax.lax.scan(micro_step, (grads, terms), rest)
+        denom = jnp.maximum(terms.token_count, 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = losses.mean_metrics(terms)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return params, opt_state, metrics
