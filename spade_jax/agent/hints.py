@@ -1,0 +1,76 @@
+"""Privileged hints: how regret is measured.
+
+Modes:
+  self      the policy reads the environment's source and writes a 1-3 sentence hint
+            (strategy and answer format, never the exact answer); one batched sampler
+            call for all environments. The reference behaviour.
+  solution  each hinted episode is told the first action of the environment's own
+            `solution()` for its seed (see `rollout.solution_hint`). A deliberate
+            deviation for tests and the tiny preset, whose bootstrap model cannot
+            write hints; it can reveal the answer of one-step games.
+  none      no hints: hinted plays equal plain plays and regret is 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Sequence
+
+from spade_jax.sampling import generate
+
+HINT_MODES = ("self", "solution", "none")
+
+HINT_SYSTEM_PROMPT = "You write short hints for players of text environments."
+HINT_INSTRUCTIONS = (
+    "Below is the source code of an environment an agent will play. Write a hint of 1 to 3 sentences "
+    "for the agent: the strategy that works and the exact format its actions must have. Never state "
+    "the answer itself. Reply with the hint only.\n\n```python\n{code}\n```"
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclasses.dataclass(frozen=True)
+class HintConfig:
+    mode: str = "self"
+    max_new_tokens: int = 96
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_code_chars: int = 6000
+    max_sentences: int = 3
+
+    def __post_init__(self):
+        if self.mode not in HINT_MODES:
+            raise ValueError(f"hint mode {self.mode!r} is unknown; choose one of {HINT_MODES}")
+
+
+def clean_hint(text: str, max_sentences: int = 3) -> str | None:
+    """The first `max_sentences` sentences of the reply on one line, or None if empty."""
+    text = " ".join(text.replace("HINT:", " ").split())
+    if not text:
+        return None
+    return " ".join(_SENTENCE_END.split(text)[:max_sentences])
+
+
+def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int = 0) -> list[str | None]:
+    """One self-written hint per program (mode `self`); None for other modes."""
+    if cfg.mode != "self" or not programs:
+        return [None] * len(programs)
+    tokenizer = policy.tokenizer
+    prompts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": HINT_SYSTEM_PROMPT},
+                {"role": "user", "content": HINT_INSTRUCTIONS.format(code=code[: cfg.max_code_chars])},
+            ],
+            add_generation_prompt=True,
+        )
+        for code in programs
+    ]
+    generation = generate(
+        policy, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed
+    )
+    return [
+        clean_hint(tokenizer.decode(generation.tokens[i, : generation.lengths[i]]), cfg.max_sentences)
+        for i in range(len(programs))
+    ]

@@ -1,0 +1,211 @@
+"""Batched multi-turn agent episodes: every live episode advances together.
+
+Each turn makes one sampler call for all episodes still running and one sandbox step
+call for all of them. An episode ends when its environment terminates or truncates, a
+sandbox call fails or times out, it reaches `max_turns`, or its next turn would not fit
+the context budget. Plain and hinted plays of an environment share seeds, so regret
+compares matched instances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import numpy as np
+
+from spade_jax.agent.actions import parse_action
+from spade_jax.agent.conversation import Conversation
+from spade_jax.envs.contract import is_success
+from spade_jax.rl.rewards import episode_rewards
+from spade_jax.sampling import generate
+from spade_jax.sandbox import EpisodeSpec
+
+AGENT_SYSTEM_PROMPT = (
+    "You are playing an interactive environment. Read each observation and reply with exactly one action. "
+    "Games take the action as \\boxed{...}. Tool environments take "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, and <answer>...</answer> to finish.'
+)
+HINT_SEPARATOR = "\n\nHINT: "
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """How episodes are played. `context_budget` bounds prompt + all turns, in tokens."""
+
+    max_turns: int = 8
+    max_new_tokens: int = 256
+    context_budget: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    timeout_penalty: float = -0.5
+    system_prompt: str = AGENT_SYSTEM_PROMPT
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode: which environment (an index the caller understands), its program and seed.
+
+    `hint` is appended to the first observation; with `hint_from_solution` the hint is
+    the first line of the environment's own `solution()` for this seed instead.
+    """
+
+    env_key: int
+    program: str
+    seed: int
+    hint: str | None = None
+    hint_from_solution: bool = False
+
+    @property
+    def hinted(self) -> bool:
+        return self.hint is not None or self.hint_from_solution
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """A finished episode: its tokens for training and its outcome."""
+
+    request: EpisodeRequest
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    sampler_logprobs: np.ndarray
+    reward: float
+    won: bool
+    turns: int
+    end_reason: str  # terminated | truncated | max_turns | context | timeout | error
+    error: str | None
+    messages: list[dict]
+
+    @property
+    def hinted(self) -> bool:
+        return self.request.hinted
+
+
+def solution_hint(solution: str | None) -> str | None:
+    """The `solution` hint mode: the first reference action (tests and the tiny preset only)."""
+    if not solution or not solution.strip():
+        return None
+    return f"A winning first action is {solution.strip().splitlines()[0].strip()}"
+
+
+@dataclasses.dataclass
+class _Live:
+    request: EpisodeRequest
+    episode_id: int
+    conversation: Conversation | None = None
+    turns: int = 0
+    final_reward: float = 0.0
+    terminated: bool = False
+    timed_out: bool = False
+    end_reason: str = ""
+    error: str | None = None
+
+
+def play_episodes(
+    policy,
+    pool,
+    requests: Sequence[EpisodeRequest],
+    cfg: AgentConfig = AgentConfig(),
+    *,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> list[Trajectory]:
+    """Plays every request to the end; trajectories come back in request order."""
+    if not requests:
+        return []
+    tokenizer = policy.tokenizer
+    starts = pool.start(
+        [EpisodeSpec(program=r.program, seed=r.seed, max_turns=cfg.max_turns) for r in requests]
+    )
+    episodes = [_Live(r, s.episode_id) for r, s in zip(requests, starts)]
+    need_solution = [e for e, s in zip(episodes, starts) if s.ok and e.request.hint_from_solution]
+    solutions = dict(
+        zip((e.episode_id for e in need_solution), pool.solution([e.episode_id for e in need_solution]))
+    ) if need_solution else {}
+
+    for episode, start in zip(episodes, starts):
+        if not start.ok:
+            _end(episode, start, "timeout" if start.timed_out else "error")
+            continue
+        hint = episode.request.hint
+        if episode.request.hint_from_solution:
+            hint = solution_hint(solutions[episode.episode_id])
+        observation = start.observation + (HINT_SEPARATOR + hint if hint else "")
+        episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
+
+    turn = 0
+    while True:
+        live = [e for e in episodes if not e.end_reason]
+        for e in live:
+            if len(e.conversation) + cfg.max_new_tokens > cfg.context_budget:
+                e.end_reason = "context"
+        live = [e for e in live if not e.end_reason]
+        if not live:
+            break
+        generation = generate(
+            policy,
+            [e.conversation.tokens for e in live],
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=seed * 100_003 + turn,
+        )
+        actions = []
+        for row, e in enumerate(live):
+            n = int(generation.lengths[row])
+            ids = generation.tokens[row, :n]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            e.conversation.add_response(ids, generation.logprobs[row, :n], text)
+            actions.append(parse_action(text))
+        results = pool.step([e.episode_id for e in live], actions)
+        for row, (e, result) in enumerate(zip(live, results)):
+            e.turns += 1
+            if not result.ok:
+                _end(e, result, "timeout" if result.timed_out else "error")
+            elif result.terminated:
+                e.final_reward, e.terminated = result.reward, True
+                e.end_reason = "terminated"
+            elif result.truncated:
+                e.end_reason = "truncated"
+            elif e.turns >= cfg.max_turns:
+                e.end_reason = "max_turns"
+            else:
+                e.conversation.add_observation(tokenizer, result.observation, bool(generation.finished[row]))
+        if progress:
+            progress(sum(1 for e in live if e.end_reason))
+        turn += 1
+
+    pool.close([e.episode_id for e in episodes])
+    rewards = episode_rewards(
+        [e.final_reward for e in episodes],
+        [e.terminated for e in episodes],
+        [e.timed_out for e in episodes],
+        timeout_penalty=cfg.timeout_penalty,
+    )
+    out = []
+    for e, reward in zip(episodes, rewards):
+        conv = e.conversation
+        tokens, mask, logprobs = conv.arrays() if conv else (np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.float32))
+        out.append(
+            Trajectory(
+                request=e.request,
+                tokens=tokens,
+                loss_mask=mask,
+                sampler_logprobs=logprobs,
+                reward=float(reward),
+                won=bool(e.terminated and is_success(e.final_reward)),
+                turns=e.turns,
+                end_reason=e.end_reason,
+                error=e.error,
+                messages=conv.messages if conv else [],
+            )
+        )
+    return out
+
+
+def _end(episode: _Live, result, reason: str) -> None:
+    episode.end_reason = reason
+    episode.timed_out = bool(result.timed_out)
+    episode.error = result.error
