@@ -1,0 +1,43 @@
+"""Qwen3-0.6B (dense) self-play. Weights from a local Hugging Face directory you provide.
+
+    python -m spade_jax.main --config=configs/qwen3_0p6b.py --workdir=workdirs/qwen3_0p6b \
+        --config.model.path=/data/models/Qwen3-0.6B
+    # TPU pod (weights copied from a bucket to each worker's disk by the launcher):
+    bash launch/tpu_pod.sh --name=spade-v4 --zone=us-central2-b --accelerator=v4-8 \
+        --model_bucket=gs://my-bucket/Qwen3-0.6B -- --config=configs/qwen3_0p6b.py
+
+Mesh (data, fsdp, tensor): one GPU (1, 1, 1); 8 GPUs (8, 1, 1); TPU v4-8 = 4 chips (4, 1, 1);
+v5e-16 (2, 8, 1). The 0.6B model fits replicated everywhere; use fsdp for optimizer memory.
+"""
+
+from spade_jax.selfplay.config import base_config, parse_arg
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    c = base_config()
+    c.num_iterations = 200
+    c.model.source = "pretrained"
+    c.model.path = ""  # set --config.model.path
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.designer.num_slots = 64
+    c.designer.max_new_tokens = 4096
+    c.agent.episodes_per_env = 16
+    c.agent.max_new_tokens = 1024
+    c.agent.context_budget = 8192
+    c.rl.row_length = 8192
+    c.rl.micro_batch_rows = 8
+    c.sandbox.num_workers = 16
+    if arg.runlocal:
+        c.model.dtype = "float32"
+        c.num_iterations = 1
+        c.designer.num_slots = 2
+        c.designer.max_new_tokens = 64
+        c.agent.episodes_per_env = 2
+        c.agent.max_new_tokens = 32
+        c.agent.context_budget = 1024
+        c.rl.row_length = 2048
+        c.rl.micro_batch_rows = 0
+        c.sandbox.num_workers = 2
+    return c

@@ -1,0 +1,34 @@
+"""Qwen3-4B (dense) self-play, the scale of the published SPADE runs' smaller setting.
+
+    python -m spade_jax.main --config=configs/qwen3_4b.py --workdir=gs://bucket/runs/qwen3_4b \
+        --config.model.path=/data/models/Qwen3-4B
+
+Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1); TPU v4-32 = 16 chips (2, 8, 1);
+v5p-32 (2, 8, 1); v5e-64 (4, 16, 1). Parameters and Adam moments are sharded over fsdp.
+"""
+
+from spade_jax.selfplay.config import base_config, parse_arg
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    c = base_config()
+    c.num_iterations = 200
+    c.model.source = "pretrained"
+    c.model.path = ""  # set --config.model.path
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.mesh.shape = (1, -1, 1)
+    c.designer.num_slots = 128
+    c.designer.max_new_tokens = 6144
+    c.agent.episodes_per_env = 16
+    c.agent.max_new_tokens = 2048
+    c.agent.context_budget = 16384
+    c.rl.row_length = 16384
+    c.rl.micro_batch_rows = 8
+    c.sandbox.num_workers = 32
+    if arg.runlocal:
+        c.num_iterations = 1
+        c.designer.num_slots = 2
+        c.agent.episodes_per_env = 2
+    return c

@@ -1,0 +1,34 @@
+"""Qwen3-8B (dense) self-play.
+
+    python -m spade_jax.main --config=configs/qwen3_8b.py --workdir=workdirs/qwen3_8b \
+        --config.model.path=/data/models/Qwen3-8B
+
+Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1) or (1, 4, 2); TPU v4-64 = 32 chips
+(2, 16, 1); v5p-64 (2, 16, 1); v5e-128 (4, 16, 2). bf16 activations, f32 master weights.
+"""
+
+from spade_jax.selfplay.config import base_config, parse_arg
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    c = base_config()
+    c.num_iterations = 200
+    c.model.source = "pretrained"
+    c.model.path = ""  # set --config.model.path
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.mesh.shape = (1, -1, 1)
+    c.designer.num_slots = 128
+    c.designer.max_new_tokens = 6144
+    c.agent.episodes_per_env = 16
+    c.agent.max_new_tokens = 2048
+    c.agent.context_budget = 16384
+    c.rl.row_length = 16384
+    c.rl.micro_batch_rows = 8
+    c.sandbox.num_workers = 64
+    if arg.runlocal:
+        c.num_iterations = 1
+        c.designer.num_slots = 2
+        c.agent.episodes_per_env = 2
+    return c

@@ -1,0 +1,42 @@
+"""SmolLM2-135M-Instruct, the pip-packaged GGUF, playing both roles.
+
+    python -m spade_jax.main --config=configs/smollm2_135m.py --workdir=workdirs/smollm2
+    python -m spade_jax.main --config=configs/smollm2_135m.py:runlocal --workdir=/tmp/smollm2_smoke
+
+A real pretrained instruct model, but a small one: it rarely writes a program that passes
+admission (0 of 8 in our trial), so expect most designer rewards to be the failure
+penalty. Use it to exercise the pipeline with real weights; `tiny` is the CPU default
+that actually designs and plays.
+
+Mesh (data, fsdp, tensor): CPU (-1, 1, 1); one GPU (1, 1, 1); 8 GPUs (8, 1, 1).
+"""
+
+from spade_jax.selfplay.config import base_config, parse_arg
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    c = base_config()
+    c.num_iterations = 20
+    c.model.source = "pretrained"
+    c.model.path = "packaged"
+    c.corpus.max_words = 300
+    c.designer.num_slots = 8
+    c.designer.max_new_tokens = 1024
+    c.designer.temperature = 0.7
+    c.memory.max_code_lines = 40
+    c.agent.episodes_per_env = 8
+    c.agent.max_new_tokens = 256
+    c.agent.context_budget = 2048
+    c.rl.row_length = 3072
+    c.rl.lr = 1e-6
+    if arg.runlocal:
+        c.num_iterations = 2
+        c.designer.num_slots = 2
+        c.designer.max_new_tokens = 128
+        c.agent.episodes_per_env = 2
+        c.agent.max_turns = 2
+        c.agent.max_new_tokens = 32
+        c.agent.context_budget = 1024
+        c.rl.row_length = 2048
+    return c

@@ -1,0 +1,516 @@
+"""The self-play iteration: the only module that knows the whole order of the flow.
+
+    design (every `regeneration_period` iterations) -> admission -> hints
+    -> K plain + K hinted episodes per pool environment (matched seeds)
+    -> episode rewards, regret, designer rewards (when due), advantages
+    -> one or more compiled updates over designer + agent tokens
+    -> memory, environment log, metrics, gallery, checkpoint
+
+Every random choice is drawn from a seed derived from `(config.seed, iteration, phase)`,
+so a resumed run repeats an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from typing import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from spade_jax.agent import EpisodeRequest, play_episodes, write_hints
+from spade_jax.designer.corpus import Corpus
+from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.rollout import DesignSample, design_environments
+from spade_jax.envs import library
+from spade_jax.rl import advantages as adv_lib
+from spade_jax.rl import rewards as rew_lib
+from spade_jax.rl.batch import TrainSequence, pack
+from spade_jax.rl.train import Trainer
+from spade_jax.sandbox import SandboxPool
+from spade_jax.selfplay import setup
+from spade_jax.selfplay.checkpoint import Checkpointer
+from spade_jax.selfplay.distributed import ShardedPool, is_main_process
+from spade_jax.selfplay.report import EnvLog, MetricsWriter, phase_bar, summary_line, write_gallery
+from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv
+
+_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5}
+
+
+class Preempted(Exception):
+    """Raised between phases after SIGTERM; the run saves and exits cleanly."""
+
+
+def derive_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+class SelfPlay:
+    """One run: the policy, its trainer, the sandbox pool, memory, corpus and loop state."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, policy=None):
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        self.main = is_main_process()
+        mesh = setup.mesh_from_config(config)
+        self.policy = policy or setup.build_policy(config, self.workdir, mesh)
+        if self.policy.tokenizer is None:
+            raise ValueError("self-play needs a policy with a tokenizer")
+        self.trainer = Trainer(self.policy, setup.optim_config(config), setup.loss_config(config))
+        self.designer_cfg = setup.designer_config(config)
+        self.admission_cfg = setup.admission_config(config)
+        self.agent_cfg = setup.agent_config(config)
+        self.hint_cfg = setup.hint_config(config)
+        self.reward_cfg = setup.reward_config(config)
+        self.pool = ShardedPool(SandboxPool(setup.sandbox_config(config)))
+        logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
+        m = config.memory
+        self.memory = EnvironmentMemory(
+            m.capacity, staleness_decay=m.staleness_decay, max_code_lines=m.max_code_lines, max_code_chars=m.max_code_chars
+        )
+        if m.seed_library:
+            for seed_env in library.SEED_ENVS:
+                self.memory.add_seed(library.load_source(seed_env.name), seed_env.skill, name=seed_env.name)
+        self.corpus = Corpus.from_config(setup.corpus_config(config))
+        self.state = LoopState()
+        self.checkpointer = Checkpointer(
+            os.path.join(self.workdir, "checkpoints"), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save
+        )
+        self._preempted = False
+        self._saved_step: int | None = None
+
+    # ---- run, resume, save ------------------------------------------------------------------
+
+    def run(self, num_iterations: int | None = None) -> list[dict]:
+        """Runs (or resumes) until `num_iterations`; returns the metric history."""
+        total = self.config.num_iterations if num_iterations is None else num_iterations
+        resumed = self.restore()
+        metrics_writer = None
+        if self.main:
+            metrics_writer = MetricsWriter(self.workdir, resume_from_iteration=self.state.iteration - 1 if resumed else None)
+        env_log = EnvLog(self.workdir) if self.main else None
+        if env_log and self.state.iteration:
+            env_log.truncate_after(self.state.iteration - 1)
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _in_main_thread() else None
+        try:
+            while self.state.iteration < total:
+                snapshot = self._meta()
+                try:
+                    metrics, env_records = self.iteration(self.state.iteration)
+                except Preempted:
+                    logging.warning("SIGTERM: saving iteration %d and exiting", self.state.iteration)
+                    self._save(self.state.iteration, snapshot)
+                    break
+                it = self.state.iteration
+                self.state.history.append(metrics)
+                self.state.iteration += 1
+                if self.main:
+                    metrics_writer.write(it, metrics)
+                    env_log.append(env_records)
+                    if self.config.log.gallery:
+                        write_gallery(self.workdir)
+                    print(summary_line(it, metrics), flush=True)
+                if self.state.iteration % self.config.checkpoint.every == 0 or self.state.iteration == total:
+                    self._save(self.state.iteration)
+                if self._preempted:
+                    self._save(self.state.iteration)
+                    break
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            self.checkpointer.wait()
+            if metrics_writer:
+                metrics_writer.close()
+        return self.state.history
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.pool.close_all()
+
+    def restore(self) -> bool:
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return False
+        train, meta = self.checkpointer.restore(step, self.trainer.state_dict())
+        self.trainer.load_state_dict(train)
+        self._load_meta(meta)
+        self._saved_step = step
+        logging.info("resumed from checkpoint %d (next iteration %d)", step, self.state.iteration)
+        return True
+
+    def _meta(self) -> dict:
+        return {
+            "seed": self.config.seed,
+            "loop": self.state.to_json(),
+            "memory": self.memory.to_state(),
+            "corpus": self.corpus.state(),
+        }
+
+    def _load_meta(self, meta: dict) -> None:
+        if int(meta["seed"]) != self.config.seed:
+            raise ValueError(
+                f"the checkpoint in {self.workdir} was made with seed {meta['seed']}, the config says {self.config.seed}"
+            )
+        self.state = LoopState.from_json(meta["loop"])
+        self.memory = EnvironmentMemory.from_state(meta["memory"])
+        self.corpus.restore(meta["corpus"])
+
+    def _save(self, step: int, meta: dict | None = None) -> None:
+        if self._saved_step == step:
+            return
+        self.checkpointer.save(step, self.trainer.state_dict(), meta or self._meta())
+        self._saved_step = step
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._preempted = True
+
+    def _checkpoint_phase(self) -> None:
+        """Before the update, a SIGTERM abandons the iteration (its state is the last one)."""
+        if self._preempted:
+            raise Preempted()
+
+    # ---- one iteration ----------------------------------------------------------------------
+
+    def iteration(self, it: int) -> tuple[dict, list[dict]]:
+        cfg = self.config
+        times: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        designs: list[DesignSample] = []
+        tic = time.perf_counter()
+
+        if it % cfg.designer.regeneration_period == 0:
+            designs = self._design(it, metrics, times)
+        self._checkpoint_phase()
+
+        replays = self._replays(it)
+        envs = self.state.pool + replays
+        start = time.perf_counter()
+        self._write_missing_hints(envs, it)
+        times["hints_s"] = time.perf_counter() - start
+        self._checkpoint_phase()
+
+        start = time.perf_counter()
+        trajectories = self._play(envs, it)
+        times["episodes_s"] = time.perf_counter() - start
+        self._checkpoint_phase()
+
+        agent_sequences, env_stats = self._agent_sequences(envs, trajectories, metrics)
+        designer_sequences, designer_rewards = self._designer_sequences(it, metrics)
+
+        start = time.perf_counter()
+        train_metrics = self._update(agent_sequences + designer_sequences)
+        times["update_s"] = time.perf_counter() - start
+        metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
+
+        env_records = self._remember(it, envs, env_stats, designer_rewards, designs, trajectories)
+        if it % cfg.designer.regeneration_period == cfg.designer.regeneration_period - 1:
+            self.state.pool = []
+        metrics["memory/size"] = len(self.memory)
+        generated = sum(int(t.loss_mask.sum()) for t in trajectories) + sum(len(d.tokens) for d in designs)
+        sampling_time = times.get("design_s", 0.0) + times["hints_s"] + times["episodes_s"]
+        metrics["sampler/tokens_per_s"] = generated / sampling_time if sampling_time else math.nan
+        times["iteration_s"] = time.perf_counter() - tic
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        return metrics, env_records
+
+    def _design(self, it: int, metrics: dict, times: dict) -> list[DesignSample]:
+        cfg = self.config
+        start = time.perf_counter()
+        with phase_bar("design", 1, enabled=cfg.log.progress and self.main) as bar:
+            designs = design_environments(
+                self.policy,
+                self.pool,
+                self.memory,
+                self.corpus,
+                self.designer_cfg,
+                self.admission_cfg,
+                seed=derive_seed(cfg.seed, it, _PHASES["design"]),
+            )
+            bar.update(1)
+        times["design_s"] = time.perf_counter() - start
+        times["admission_s"] = sum(sum(d.report.timings.values()) for d in designs) / max(len(designs), 1)
+        self.state.pool = []
+        for d in designs:
+            env_id = f"it{it:04d}-slot{d.slot:02d}" if d.admitted else None
+            if env_id:
+                self.state.pool.append(
+                    PoolEnv(env_id, d.report.code, d.skill, d.doc_id, design_iteration=it)
+                )
+            self.state.pending.append(
+                PendingDesign(
+                    design_iteration=it,
+                    due_iteration=it + cfg.designer.reward_delay,
+                    slot=d.slot,
+                    skill=d.skill,
+                    difficulty=d.difficulty,
+                    doc_id=d.doc_id,
+                    env_id=env_id,
+                    stage=d.report.stage,
+                    reason=d.report.reason,
+                    prompt_tokens=[int(x) for x in d.prompt_tokens],
+                    tokens=[int(x) for x in d.tokens],
+                    logprobs=[float(x) for x in d.logprobs],
+                )
+            )
+        metrics["designer/proposed"] = len(designs)
+        metrics["designer/admitted"] = sum(d.admitted for d in designs)
+        metrics["designer/admission_rate"] = metrics["designer/admitted"] / max(len(designs), 1)
+        return designs
+
+    def _replays(self, it: int) -> list[PoolEnv]:
+        """Environments replayed from memory this iteration (not already in the pool)."""
+        n = self.config.agent.replay_envs
+        in_pool = {e.env_id for e in self.state.pool}
+        candidates = [r for r in self.memory.records() if r.env_id not in in_pool]
+        if not n or not candidates:
+            return []
+        rng = np.random.default_rng(derive_seed(self.config.seed, it, _PHASES["replay"]))
+        chosen = rng.choice(len(candidates), size=min(n, len(candidates)), replace=False)
+        return [
+            PoolEnv(r.env_id, r.code, r.skill, r.doc_id, design_iteration=r.iteration_added, is_replay=True)
+            for r in (candidates[i] for i in sorted(chosen))
+        ]
+
+    def _write_missing_hints(self, envs: Sequence[PoolEnv], it: int) -> None:
+        missing = [e for e in envs if e.hint is None]
+        if self.hint_cfg.mode != "self" or not missing:
+            return
+        hints = write_hints(
+            self.policy, [e.code for e in missing], self.hint_cfg, seed=derive_seed(self.config.seed, it, _PHASES["hints"])
+        )
+        for env, hint in zip(missing, hints):
+            env.hint = hint
+
+    def _play(self, envs: Sequence[PoolEnv], it: int):
+        k = self.config.agent.episodes_per_env
+        requests = []
+        for e_index, env in enumerate(envs):
+            seeds = [derive_seed(self.config.seed, it, e_index, j) % (2**31) for j in range(k)]
+            for hinted in (False, True):
+                if hinted and self.hint_cfg.mode == "none":
+                    continue
+                for s in seeds:
+                    requests.append(
+                        EpisodeRequest(
+                            env_key=e_index,
+                            program=env.code,
+                            seed=s,
+                            hint=env.hint if hinted and self.hint_cfg.mode == "self" else None,
+                            hint_from_solution=hinted and self.hint_cfg.mode == "solution",
+                        )
+                    )
+        if not requests:
+            return []
+        with phase_bar("episodes", len(requests), enabled=self.config.log.progress and self.main) as bar:
+            return play_episodes(
+                self.policy,
+                self.pool,
+                requests,
+                self.agent_cfg,
+                seed=derive_seed(self.config.seed, it, _PHASES["episodes"]),
+                progress=bar.update,
+            )
+
+    def _agent_sequences(self, envs, trajectories, metrics) -> tuple[list[TrainSequence], list]:
+        cfg = self.config
+        stats = []
+        for e_index, env in enumerate(envs):
+            plain = [t for t in trajectories if t.request.env_key == e_index and not t.hinted]
+            hinted = [t for t in trajectories if t.request.env_key == e_index and t.hinted]
+            env.plain.extend((t.request.seed, t.reward) for t in plain)
+            env.hinted.extend((t.request.seed, t.reward) for t in hinted)
+            stats.append(
+                rew_lib.env_stats(
+                    [t.reward for t in plain],
+                    [t.reward for t in hinted],
+                    plain_seeds=[t.request.seed for t in plain],
+                    hinted_seeds=[t.request.seed for t in hinted],
+                )
+                if plain
+                else None
+            )
+        plain_all = [t for t in trajectories if not t.hinted]
+        hinted_all = [t for t in trajectories if t.hinted]
+        metrics["agent/episodes"] = len(trajectories)
+        metrics["agent/plain_win_rate"] = _mean([t.won for t in plain_all])
+        metrics["agent/hinted_win_rate"] = _mean([t.won for t in hinted_all])
+        metrics["agent/plain_reward_mean"] = _mean([t.reward for t in plain_all])
+        metrics["agent/hinted_reward_mean"] = _mean([t.reward for t in hinted_all])
+        metrics["env/regret_mean"] = _mean([s.regret for s in stats if s is not None])
+        if not trajectories:
+            return [], stats
+        result = adv_lib.agent_advantages(
+            [t.reward for t in trajectories],
+            [t.request.env_key for t in trajectories],
+            [t.hinted for t in trajectories],
+            train_hinted=cfg.agent.train_hinted,
+        )
+        weights = np.full(len(envs), 1.0)
+        if cfg.agent.regret_weighting and envs:
+            weights = adv_lib.regret_rank_weights(
+                [s.regret if s else 0.0 for s in stats], temperature=cfg.agent.regret_temperature
+            )
+        sequences = [
+            TrainSequence(
+                t.tokens,
+                t.loss_mask,
+                t.sampler_logprobs,
+                advantage=float(a),
+                weight=cfg.rl.agent_weight * float(weights[t.request.env_key]),
+                role="agent",
+            )
+            for t, a, train in zip(trajectories, result.advantages, result.train)
+            if train and t.loss_mask.any()
+        ]
+        return sequences, stats
+
+    def _designer_sequences(self, it: int, metrics: dict) -> tuple[list[TrainSequence], dict[str, float]]:
+        """Designer samples whose reward is due: their sequences and the reward per admitted env."""
+        due = [p for p in self.state.pending if p.due_iteration <= it]
+        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
+        if not due:
+            return [], {}
+        by_id = {e.env_id: e for e in self.state.pool}
+        stats = []
+        for p in due:
+            env = by_id.get(p.env_id) if p.env_id else None
+            if env is None or not env.plain:
+                stats.append(None)
+                continue
+            plain_seeds, plain_rewards = zip(*env.plain)
+            hinted_seeds, hinted_rewards = zip(*env.hinted) if env.hinted else ((), ())
+            stats.append(
+                rew_lib.env_stats(
+                    plain_rewards,
+                    hinted_rewards,
+                    plain_seeds=list(plain_seeds) if hinted_seeds else None,
+                    hinted_seeds=list(hinted_seeds) if hinted_seeds else None,
+                )
+            )
+        rewards = rew_lib.designer_rewards(stats, self.reward_cfg)
+        advantages = adv_lib.designer_advantages(rewards, [p.skill for p in due])
+        metrics["designer/reward_mean"] = float(np.mean(rewards))
+        sequences = []
+        for p, a in zip(due, advantages):
+            tokens, mask, logprobs = p.sequence_arrays()
+            if mask.any():
+                sequences.append(
+                    TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=self.config.rl.designer_weight, role="designer")
+                )
+        return sequences, {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
+
+    def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
+        if not sequences:
+            return {}
+        rl = self.config.rl
+        row_multiple = math.lcm(self.trainer.data_parallel, rl.micro_batch_rows or 1)
+        batch = pack(sequences, rl.row_length, row_multiple=row_multiple)
+        old = self.trainer.logprobs(batch) if rl.updates_per_iteration > 1 else None
+        with phase_bar("update", rl.updates_per_iteration, enabled=self.config.log.progress and self.main) as bar:
+            for _ in range(rl.updates_per_iteration):
+                metrics = self.trainer.update(batch, old)
+                bar.update(1)
+        metrics["sequences"] = batch.num_sequences
+        metrics["truncated_sequences"] = batch.truncated_sequences
+        return metrics
+
+    def _remember(self, it, envs, stats, designer_rewards, designs, trajectories) -> list[dict]:
+        """Adds or updates memory records and returns this iteration's environment log lines."""
+        records = []
+        sample_of = {}
+        for t in trajectories:
+            sample_of.setdefault((t.request.env_key, t.hinted), t)
+        for e_index, (env, s) in enumerate(zip(envs, stats)):
+            if s is None:
+                continue
+            values = dict(
+                win_rate=s.win_rate,
+                mean_plain=s.mean_plain,
+                mean_hinted=s.mean_hinted,
+                regret=s.regret,
+            )
+            if env.env_id in self.memory:
+                self.memory.update(env.env_id, iteration=it, designer_reward=designer_rewards.get(env.env_id), **values)
+            elif not env.is_replay:
+                self.memory.add(
+                    env.code,
+                    env.skill,
+                    iteration=it,
+                    doc_id=env.doc_id,
+                    designer_reward=designer_rewards.get(env.env_id),
+                    env_id=env.env_id,
+                    **values,
+                )
+            plain_t, hinted_t = sample_of.get((e_index, False)), sample_of.get((e_index, True))
+            records.append(
+                dict(
+                    env_id=env.env_id,
+                    iteration=it,
+                    skill=env.skill,
+                    doc_id=env.doc_id,
+                    code=env.code,
+                    admitted=True,
+                    is_seed=env.env_id.startswith("seed-"),
+                    hinted_win_rate=s.hinted_win_rate,
+                    designer_reward=designer_rewards.get(env.env_id),
+                    transcript=plain_t.messages if plain_t else None,
+                    hinted_transcript=hinted_t.messages if hinted_t else None,
+                    hint=env.hint,
+                    replay=env.is_replay,
+                    **values,
+                )
+            )
+        by_id = {r["env_id"]: r for r in records}
+        for d in designs:
+            env_id = f"it{it:04d}-slot{d.slot:02d}" if d.admitted else None
+            line = by_id.get(env_id) if env_id else None
+            base = dict(
+                slot=d.slot,
+                difficulty=d.difficulty,
+                doc_excerpt=d.doc_excerpt,
+                stage=d.report.stage,
+                reason=d.report.reason,
+                timings=d.report.timings,
+            )
+            if line is not None:
+                line.update(base)
+            else:
+                records.append(
+                    dict(
+                        base,
+                        env_id=env_id,
+                        iteration=it,
+                        skill=d.skill,
+                        doc_id=d.doc_id,
+                        code=d.report.code or d.text,
+                        admitted=d.admitted,
+                        is_seed=False,
+                    )
+                )
+        return records
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else math.nan
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+    """Builds a run in `workdir` (resuming it if it has checkpoints) and runs it to completion."""
+    selfplay = SelfPlay(config, workdir)
+    try:
+        return selfplay.run()
+    finally:
+        selfplay.close()
+        jax.effects_barrier()

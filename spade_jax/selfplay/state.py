@@ -1,0 +1,85 @@
+"""The run state that lives between iterations and goes into every checkpoint (as JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class PoolEnv:
+    """An environment the agent plays this period: a new design or a replay from memory.
+
+    `plain` / `hinted` hold `(seed, reward)` of every episode played since it entered the
+    pool; the designer's reward is computed from them when it falls due.
+    """
+
+    env_id: str
+    code: str
+    skill: str
+    doc_id: str | None
+    design_iteration: int
+    is_replay: bool = False
+    hint: str | None = None
+    plain: list = dataclasses.field(default_factory=list)
+    hinted: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class PendingDesign:
+    """A designer sample waiting for its reward (`due_iteration`), with its tokens for the update."""
+
+    design_iteration: int
+    due_iteration: int
+    slot: int
+    skill: str
+    difficulty: str
+    doc_id: str | None
+    env_id: str | None  # None when the program was not admitted
+    stage: str
+    reason: str
+    prompt_tokens: list
+    tokens: list
+    logprobs: list
+
+    def sequence_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens, loss mask, sampler log-probs) of prompt + program."""
+        n_prompt, n_gen = len(self.prompt_tokens), len(self.tokens)
+        tokens = np.asarray(list(self.prompt_tokens) + list(self.tokens), np.int32)
+        mask = np.concatenate([np.zeros(n_prompt, bool), np.ones(n_gen, bool)])
+        logprobs = np.concatenate([np.zeros(n_prompt, np.float32), np.asarray(self.logprobs, np.float32)])
+        return tokens, mask, logprobs
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Everything besides parameters, optimizer, memory and corpus cursor that a resume needs."""
+
+    iteration: int = 0  # the next iteration to run
+    pool: list[PoolEnv] = dataclasses.field(default_factory=list)
+    pending: list[PendingDesign] = dataclasses.field(default_factory=list)
+    history: list[dict] = dataclasses.field(default_factory=list)  # one metrics dict per iteration
+
+    def to_json(self) -> dict:
+        return {
+            "iteration": self.iteration,
+            "pool": [dataclasses.asdict(e) for e in self.pool],
+            "pending": [dataclasses.asdict(p) for p in self.pending],
+            "history": self.history,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LoopState":
+        pool = []
+        for e in data["pool"]:
+            e = dict(e)
+            e["plain"] = [tuple(x) for x in e["plain"]]
+            e["hinted"] = [tuple(x) for x in e["hinted"]]
+            pool.append(PoolEnv(**e))
+        return cls(
+            iteration=int(data["iteration"]),
+            pool=pool,
+            pending=[PendingDesign(**p) for p in data["pending"]],
+            history=list(data["history"]),
+        )
