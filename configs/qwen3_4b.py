@@ -1,6 +1,6 @@
 """Qwen3-4B (dense) self-play, the scale of the published SPADE runs' smaller setting.
 
-    python -m spade_jax.main --config=configs/qwen3_4b.py --workdir=gs://bucket/runs/qwen3_4b \
+    python -m spade_jax.main --config=configs/qwen3_4b.py --workdir=workdirs/qwen3_4b \
         --config.model.path=/data/models/Qwen3-4B
 
 Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1); TPU v4-32 = 16 chips (2, 8, 1);

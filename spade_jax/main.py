@@ -5,8 +5,9 @@
 
 Any config field can be overridden (`--config.rl.lr=1e-6`). A workdir with checkpoints is
 resumed; one with outputs but no checkpoint is refused rather than overwritten.
-Multi-process runs (see launch/) set SPADE_COORDINATOR, SPADE_NUM_PROCESSES and
-SPADE_PROCESS_ID; every process runs this same command.
+Multi-process runs (see launch/) run this same command in every process and set either
+SPADE_DISTRIBUTED=auto (TPU pods, SLURM: jax.distributed finds its peers) or
+SPADE_COORDINATOR, SPADE_NUM_PROCESSES and SPADE_PROCESS_ID (explicit, e.g. CPU processes).
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ _RESUMABLE_CHANGES = ("num_iterations", "log", "checkpoint")
 
 
 def _init_distributed() -> None:
+    import jax
+
+    if os.environ.get("SPADE_DISTRIBUTED") == "auto":
+        jax.distributed.initialize()
+        return
     count = int(os.environ.get("SPADE_NUM_PROCESSES", "1"))
     if count <= 1:
         return
-    import jax
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=os.environ["SPADE_COORDINATOR"],
