@@ -314,11 +314,33 @@ def test_tool_use_answer_format_and_wrong_answer():
 # --- sandbox admission ---------------------------------------------------------------------
 
 
-def test_every_seed_env_passes_admission():
+def test_every_seed_env_passes_admission_and_is_novel():
     admission = pytest.importorskip("spade_jax.sandbox.admission")
-    sources = [library.render(name, knobs) for name, knobs in
-               [(env.name, knobs) for env in library.SEED_ENVS for knobs in (None, *_knob_settings(env)[1:])]]
-    reports = admission.admit_batch(sources, admission.AdmissionConfig())
-    failures = [(source.splitlines()[0], report.stage, report.reason)
-                for source, report in zip(sources, reports) if not report.admitted]
+    from spade_jax.sandbox import SandboxPool
+    from spade_jax.sandbox.similarity import code_similarity
+
+    # Default, all-minimum and all-maximum knobs (the in-process test covers every min/max mix).
+    cases = []
+    for env in library.SEED_ENVS:
+        lowest = {knob: values[0] for knob, values in env.knobs.items()}
+        highest = {knob: values[-1] for knob, values in env.knobs.items()}
+        cases += [(env.name, None), (env.name, lowest), (env.name, highest)]
+    sources = [library.render(name, knobs) for name, knobs in cases]
+    config = admission.AdmissionConfig()
+    pool = SandboxPool(config.sandbox)
+    try:
+        reports = admission.admit_batch(sources, config, archive=(), pool=pool)
+    finally:
+        pool.close_all()
+    failures = [(_case_id(name, knobs), report.stage, report.reason)
+                for (name, knobs), report in zip(cases, reports) if not report.admitted]
     assert not failures
+    assert all(report.stage == admission.STAGES[-1] for report in reports)
+
+    # Distinct programs must not look like near-duplicates of each other to the novelty stage.
+    names = [env.name for env in library.SEED_ENVS]
+    similarity = {(a, b): code_similarity(library.load_source(a), library.load_source(b))
+                  for a, b in itertools.combinations(names, 2)}
+    closest = sorted(similarity.items(), key=lambda item: -item[1])[:5]
+    print("closest seed env pairs:", ", ".join(f"{a}/{b} {score:.2f}" for (a, b), score in closest))
+    assert max(similarity.values()) < config.novelty_threshold
