@@ -34,7 +34,7 @@ class SeedEnv:
     kind: str
     filename: str
     description: str
-    knobs: dict[str, tuple[int, ...]] = dataclasses.field(hash=False)
+    knobs: dict[str, tuple[int, ...]] = dataclasses.field(hash=False, repr=False)
 
 
 def _span(low: int, high: int) -> tuple[int, ...]:
