@@ -119,7 +119,7 @@ class ToolUseEnv:
             return f"Error: unknown tool {name!r}. Available: {', '.join(known)}."
         try:
             result = method(**arguments)
-        except (TypeError, ValueError, KeyError, IndexError) as err:
+        except Exception as err:  # a tool's bug or a hostile argument is the agent's observation
             info["error"] = "tool_error"
             return f"Error: {name} failed: {err}"
         info["tool"] = name
