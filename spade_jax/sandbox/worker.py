@@ -91,7 +91,29 @@ def load_env(program: str, max_turns: int | None, env_kwargs: dict, restrict_imp
     return env, meta
 
 
+def _rough_size(value, limit: int) -> int:
+    """A cheap lower bound on the JSON size of a raw value, stopping once past ``limit``."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, dict):
+            total += 2
+            for key, inner in item.items():
+                total += len(key) + 4
+                stack.append(inner)
+        elif isinstance(item, list):
+            total += 2 + len(item)
+            stack.extend(item)
+        else:
+            total += 8
+    return total
+
+
 def _reply(ok: bool, payload, max_bytes: int) -> None:
+    if _rough_size(payload, max_bytes) > max_bytes:
+        ok, payload = False, f"reply exceeds the limit of {max_bytes} bytes"
     message = {"ok": True, "value": payload} if ok else {"ok": False, "error": payload}
     frame = encode_frame(message)
     if len(frame) > max_bytes:
