@@ -28,6 +28,7 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.sharding import constrain
 
 _MASKED = -1e30
+_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
 
 
 class KVCache(NamedTuple):
@@ -116,6 +117,19 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
     return out_BTKGH.reshape(B, T, N, H)
 
 
+def embed_lookup(embed_VD, tokens_BT):
+    """Embedding rows of `tokens_BT`, as `(B, T, D)` activations.
+
+    The table is gathered over its `embed` axis first (as FSDP gathers every weight)
+    and the tokens are batch-sharded, so the partitioner runs a vocab-parallel gather
+    (local rows, then a sum over the vocab shards); gathering straight from the
+    `(vocab, embed)`-sharded table forces a full rematerialisation instead.
+    """
+    embed_VD = constrain(embed_VD, ("vocab", None))
+    tokens_BT = constrain(tokens_BT, ("batch", "length"))
+    return constrain(jnp.take(embed_VD, tokens_BT, axis=0), ("batch", "length", "embed"))
+
+
 class MLP(nnx.Module):
     """SwiGLU feed-forward, weights stacked over layers."""
 
@@ -200,8 +214,7 @@ class Transformer(nnx.Module):
         """Final-normed hidden states `(B, T, D)` and the updated cache."""
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
-        x_BTD = jnp.take(self.embed_VD[...], tokens_BT, axis=0).astype(dt)
-        x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+        x_BTD = embed_lookup(self.embed_VD[...], tokens_BT).astype(dt)
         inv_freq = rope_inverse_frequencies(cfg)
         B, T = tokens_BT.shape
 
@@ -263,8 +276,13 @@ class Transformer(nnx.Module):
             (x_BTD, _, _), _ = jax.lax.scan(block, (x_BTD, None, None), layers)
             new_cache = None
         else:
-            (x_BTD, k_LBSKH, v_LBSKH), _ = jax.lax.scan(
-                block, (x_BTD, cache.k_LBSKH, cache.v_LBSKH), layers
+            k_LBSKH = constrain(cache.k_LBSKH, _CACHE_AXES)
+            v_LBSKH = constrain(cache.v_LBSKH, _CACHE_AXES)
+            (x_BTD, k_LBSKH, v_LBSKH), _ = jax.lax.scan(block, (x_BTD, k_LBSKH, v_LBSKH), layers)
+            new_cache = KVCache(
+                constrain(k_LBSKH, _CACHE_AXES),
+                constrain(v_LBSKH, _CACHE_AXES),
+                constrain(key_segments_BS, ("batch", "cache_length")),
+                write_at + T,
             )
-            new_cache = KVCache(k_LBSKH, v_LBSKH, key_segments_BS, write_at + T)
         return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_cache
