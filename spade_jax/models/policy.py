@@ -26,16 +26,41 @@ class Policy:
     mesh: Mesh
     rules: Rules = TRAIN_RULES
 
-    def logits(self, tokens_BT: np.ndarray) -> np.ndarray:
-        """Float32 logits `(B, T, V)` of unpadded token rows (for tests and tools)."""
+    def logits(
+        self,
+        tokens_BT: np.ndarray,
+        segment_ids_BT: np.ndarray | None = None,
+        positions_BT: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Float32 logits `(B, T, V)` (for tests and tools).
+
+        Rows are unpadded by default; with `segment_ids_BT` (0 = padding) positions
+        default to each token's index within its segment.
+        """
         tokens_BT = np.asarray(tokens_BT, np.int32)
-        B, T = tokens_BT.shape
-        positions_BT = np.broadcast_to(np.arange(T, dtype=np.int32), (B, T))
-        segments_BT = np.ones((B, T), np.int32)
+        segments_BT = (
+            np.ones(tokens_BT.shape, np.int32)
+            if segment_ids_BT is None
+            else np.asarray(segment_ids_BT, np.int32)
+        )
+        if positions_BT is None:
+            positions_BT = segment_positions(segments_BT)
+        positions_BT = np.asarray(positions_BT, np.int32)
         graphdef, state = nnx.split(self.model)
         batch = NamedSharding(self.mesh, PartitionSpec())
         args = [jax.device_put(a, batch) for a in (tokens_BT, positions_BT, segments_BT)]
         return np.asarray(_forward(graphdef, state, *args, mesh=self.mesh, rules=self.rules))
+
+
+def segment_positions(segment_ids_BT: np.ndarray) -> np.ndarray:
+    """Index of each token within its segment (a run of equal ids); 0 for padding (id 0)."""
+    segment_ids_BT = np.asarray(segment_ids_BT)
+    B, T = segment_ids_BT.shape
+    t_BT = np.broadcast_to(np.arange(T), (B, T))
+    starts_BT = np.ones((B, T), bool)
+    starts_BT[:, 1:] = segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]
+    start_index_BT = np.maximum.accumulate(np.where(starts_BT, t_BT, 0), axis=1)
+    return np.where(segment_ids_BT != 0, t_BT - start_index_BT, 0).astype(np.int32)
 
 
 @jax.jit(static_argnames=("graphdef", "mesh", "rules"))
