@@ -1,0 +1,456 @@
+"""Checkpoint import: a Hugging Face directory (safetensors) or a GGUF file -> `Policy`.
+
+The model is built abstractly (shapes only), the checkpoint's tensor names and
+shapes are checked against it before anything is read, and then each parameter is
+assembled on the host from lazily read (memory-mapped) checkpoint tensors, one
+stacked `(layers, ...)` tensor at a time, and placed straight onto its
+`NamedSharding`. No host copy of the whole model exists at any point.
+
+Checkpoint tensors are named by role ("q", "gate", ...) and kept in Hugging Face
+layout `(out_features, in_features)` until converted to the model's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh
+
+from spade_jax.models.config import ModelConfig
+from spade_jax.models.policy import Policy, abstract_model
+from spade_jax.models.sharding import TRAIN_RULES, Rules, make_mesh, param_shardings
+
+SUPPORTED_DTYPES = ("float32", "bfloat16")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen3")
+_PROGRESS_MIN_BYTES = 100_000_000  # show a progress bar (on a tty) from this many parameter bytes
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names what to fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """One model parameter and the checkpoint tensor(s) it is made from."""
+
+    path: tuple[str, ...]  # key path in the model's state
+    role: str  # checkpoint tensor role, see _HF_NAMES / _GGUF_NAMES
+    stored_shape: tuple[int, ...]  # Hugging Face layout, one layer
+    convert: Callable[[np.ndarray], np.ndarray]  # stored layout -> model layout (one layer)
+    per_layer: bool
+
+
+def _targets(cfg: ModelConfig) -> list[_Target]:
+    """Every parameter of `Transformer(cfg)` and how to build it from a checkpoint."""
+    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def same(w):
+        return w
+
+    def transpose(w):
+        return w.T
+
+    targets = [
+        _Target(("embed_VD",), "embed", (V, D), same, False),
+        _Target(("final_norm_D",), "final_norm", (D,), same, False),
+        _Target(("attn_norm_LD",), "attn_norm", (D,), same, True),
+        _Target(("mlp_norm_LD",), "mlp_norm", (D,), same, True),
+        _Target(("attn", "q_LDNH"), "q", (N * H, D), lambda w: w.T.reshape(D, N, H), True),
+        _Target(("attn", "k_LDKH"), "k", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
+        _Target(("attn", "v_LDKH"), "v", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
+        _Target(("attn", "o_LNHD"), "o", (D, N * H), lambda w: w.T.reshape(N, H, D), True),
+        _Target(("mlp", "gate_LDF"), "gate", (F, D), transpose, True),
+        _Target(("mlp", "up_LDF"), "up", (F, D), transpose, True),
+        _Target(("mlp", "down_LFD"), "down", (D, F), transpose, True),
+    ]
+    if cfg.qk_norm:
+        targets += [
+            _Target(("attn", "q_norm_LH"), "q_norm", (H,), same, True),
+            _Target(("attn", "k_norm_LH"), "k_norm", (H,), same, True),
+        ]
+    if not cfg.tie_word_embeddings:
+        targets.append(_Target(("lm_head_DV",), "lm_head", (V, D), transpose, False))
+    return targets
+
+
+_HF_NAMES = {
+    "embed": "model.embed_tokens.weight",
+    "final_norm": "model.norm.weight",
+    "lm_head": "lm_head.weight",
+    "attn_norm": "model.layers.{i}.input_layernorm.weight",
+    "mlp_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "q": "model.layers.{i}.self_attn.q_proj.weight",
+    "k": "model.layers.{i}.self_attn.k_proj.weight",
+    "v": "model.layers.{i}.self_attn.v_proj.weight",
+    "o": "model.layers.{i}.self_attn.o_proj.weight",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
+    "gate": "model.layers.{i}.mlp.gate_proj.weight",
+    "up": "model.layers.{i}.mlp.up_proj.weight",
+    "down": "model.layers.{i}.mlp.down_proj.weight",
+}
+
+_GGUF_NAMES = {
+    "embed": "token_embd.weight",
+    "final_norm": "output_norm.weight",
+    "lm_head": "output.weight",
+    "attn_norm": "blk.{i}.attn_norm.weight",
+    "mlp_norm": "blk.{i}.ffn_norm.weight",
+    "q": "blk.{i}.attn_q.weight",
+    "k": "blk.{i}.attn_k.weight",
+    "v": "blk.{i}.attn_v.weight",
+    "o": "blk.{i}.attn_output.weight",
+    "q_norm": "blk.{i}.attn_q_norm.weight",
+    "k_norm": "blk.{i}.attn_k_norm.weight",
+    "gate": "blk.{i}.ffn_gate.weight",
+    "up": "blk.{i}.ffn_up.weight",
+    "down": "blk.{i}.ffn_down.weight",
+}
+
+
+class _Checkpoint:
+    """Tensor names, shapes (Hugging Face layout) and a lazy reader."""
+
+    names: dict[str, str]  # role -> name template
+    shapes: dict[str, tuple[int, ...]]
+    ignored: frozenset[str] = frozenset()  # present but deliberately unused
+
+    def read(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- safetensors
+
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": jnp.bfloat16,
+}
+
+
+class _SafetensorsCheckpoint(_Checkpoint):
+    """`*.safetensors` files read through memory maps.
+
+    The header is parsed here rather than with `safetensors.safe_open(framework="np")`,
+    which cannot return bfloat16 tensors (numpy has no such dtype); arrays are views
+    of the mapped file, so nothing is read before it is needed.
+    """
+
+    names = _HF_NAMES
+
+    def __init__(self, files: list[Path]):
+        self.shapes = {}
+        self._where: dict[str, tuple[Path, int, int, str]] = {}
+        self._maps: dict[Path, np.memmap] = {}
+        for file in files:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            header.pop("__metadata__", None)
+            for name, info in header.items():
+                if name in self._where:
+                    raise CheckpointError(f"tensor {name} appears in both {self._where[name][0]} and {file}")
+                begin, end = info["data_offsets"]
+                self.shapes[name] = tuple(info["shape"])
+                self._where[name] = (file, 8 + size + begin, 8 + size + end, info["dtype"])
+
+    def read(self, name: str) -> np.ndarray:
+        file, begin, end, dtype = self._where[name]
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"tensor {name} in {file} has dtype {dtype}; supported: {', '.join(_SAFETENSORS_DTYPES)}"
+            )
+        if file not in self._maps:
+            self._maps[file] = np.memmap(file, dtype=np.uint8, mode="r")
+        raw = self._maps[file][begin:end]
+        return raw.view(_SAFETENSORS_DTYPES[dtype]).reshape(self.shapes[name])
+
+
+def _open_hf_directory(path: Path, dtype: str) -> tuple[ModelConfig, _Checkpoint]:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise CheckpointError(
+            f"{path} has no config.json; expected a Hugging Face model directory "
+            "(config.json + *.safetensors) or a .gguf file"
+        )
+    try:
+        config = ModelConfig.from_hf_config(json.loads(config_file.read_text()), dtype=dtype, param_dtype=dtype)
+    except (ValueError, KeyError) as e:
+        reason = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(f"{config_file}: {reason}") from None
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise CheckpointError(f"{index} lists shard files that do not exist: {', '.join(missing)}")
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"no *.safetensors weights in {path}; save the model with "
+            "save_pretrained(..., safe_serialization=True)"
+        )
+    checkpoint = _SafetensorsCheckpoint(files)
+    ignored = {n for n in checkpoint.shapes if n.endswith(".rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        ignored.add(_HF_NAMES["lm_head"])  # some tied checkpoints also store the (identical) head
+    checkpoint.ignored = frozenset(ignored)
+    return config, checkpoint
+
+
+# ----------------------------------------------------------------------- GGUF
+
+
+class _GGUFCheckpoint(_Checkpoint):
+    """A GGUF file; tensors are dequantised to float32 when read.
+
+    llama.cpp stores Llama-family q/k projections with the rows of each head
+    interleaved for its rotary layout; they are permuted back to Hugging Face order.
+    """
+
+    names = _GGUF_NAMES
+
+    def __init__(self, reader, architecture: str, config: ModelConfig):
+        self._tensors = {t.name: t for t in reader.tensors}
+        self.shapes = {n: tuple(int(d) for d in reversed(t.shape)) for n, t in self._tensors.items()}
+        heads = {"q": config.num_heads, "k": config.num_kv_heads}
+        self._unpermute_heads = (
+            {_GGUF_NAMES[r].format(i=i): heads[r] for r in heads for i in range(config.num_layers)}
+            if architecture == "llama"
+            else {}
+        )
+
+    def read(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        tensor = self._tensors[name]
+        w = dequantize(tensor.data, tensor.tensor_type).reshape(self.shapes[name])
+        heads = self._unpermute_heads.get(name)
+        if heads is not None:
+            rows, cols = w.shape
+            w = w.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+        return w
+
+
+def _gguf_field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _open_gguf(path: Path, dtype: str):
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{path} is not a readable GGUF file: {e}") from None
+    arch = _gguf_field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"unsupported architecture {arch!r} in {path}; supported GGUF architectures: "
+            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+
+    def need(key):
+        value = _gguf_field(reader, f"{arch}.{key}")
+        if value is None:
+            raise CheckpointError(f"{path} lacks the GGUF metadata field {arch}.{key}")
+        return value
+
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    if "rope_freqs.weight" in shapes:
+        raise CheckpointError(
+            f"{path} uses per-frequency rope scaling (rope_freqs.weight), which is not supported "
+            "for GGUF; load the Hugging Face safetensors checkpoint instead"
+        )
+    scaling = _gguf_field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise CheckpointError(f"{path} uses rope scaling {scaling!r}, which is not supported for GGUF")
+    if "token_embd.weight" not in shapes:
+        raise CheckpointError(f"checkpoint {path} is missing tensor token_embd.weight")
+    heads = int(need("attention.head_count"))
+    kv_heads = _gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
+    hidden = int(need("embedding_length"))
+    config = ModelConfig(
+        family=arch,
+        vocab_size=shapes["token_embd.weight"][0],
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(_gguf_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(_gguf_field(reader, f"{arch}.context_length", 8192)),
+        tie_word_embeddings="output.weight" not in shapes,
+        qk_norm=arch == "qwen3",
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    return config, _GGUFCheckpoint(reader, arch, config)
+
+
+# -------------------------------------------------------------------- loading
+
+
+def _check(checkpoint: _Checkpoint, targets: list[_Target], config: ModelConfig, where: Path) -> None:
+    """All problems at once: missing tensors, wrong shapes, unexpected tensors."""
+    expected: dict[str, tuple[int, ...]] = {}
+    for t in targets:
+        template = checkpoint.names[t.role]
+        for i in range(config.num_layers) if t.per_layer else [None]:
+            expected[template.format(i=i)] = t.stored_shape
+    missing = [n for n in expected if n not in checkpoint.shapes]
+    wrong = [
+        f"{n} has shape {checkpoint.shapes[n]}, expected {s}"
+        for n, s in expected.items()
+        if n in checkpoint.shapes and checkpoint.shapes[n] != s
+    ]
+    extra = sorted(set(checkpoint.shapes) - set(expected) - checkpoint.ignored)
+
+    def listed(items, limit=8):
+        more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+        return ", ".join(items[:limit]) + more
+
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {listed(missing)}")
+    if wrong:
+        problems.append(f"wrong shapes: {listed(wrong)}")
+    if extra:
+        problems.append(f"unexpected tensors: {listed(extra)}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {where} does not match its {config.family} config "
+            f"(layers={config.num_layers}, hidden={config.hidden_size}, heads={config.num_heads}, "
+            f"kv_heads={config.num_kv_heads}, head_dim={config.head_dim}, "
+            f"tied={config.tie_word_embeddings}): " + "; ".join(problems)
+        )
+
+
+def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.State:
+    """Reads, converts and places every parameter on its sharding; returns the model state."""
+    from tqdm.auto import tqdm
+
+    _, state = abstract_model(config)
+    shardings = nnx.to_pure_dict(param_shardings(state, mesh, rules))
+    abstract = nnx.to_pure_dict(state)
+    dtype = jnp.dtype(config.param_dtype)
+    total = sum(config.num_layers if t.per_layer else 1 for t in targets)
+    show = progress and sys.stderr.isatty() and config.num_params * dtype.itemsize >= _PROGRESS_MIN_BYTES
+    values: dict = {}
+    with tqdm(total=total, desc="loading weights", unit="tensor", disable=not show, leave=False) as bar:
+        for t in targets:
+            template = checkpoint.names[t.role]
+            shape = tuple(_lookup(abstract, t.path).shape)
+            if t.per_layer:
+                host = np.empty(shape, dtype)
+                for i in range(config.num_layers):
+                    host[i] = t.convert(checkpoint.read(template.format(i=i)))
+                    bar.update()
+            else:
+                host = np.array(t.convert(checkpoint.read(template)), dtype=dtype)
+                bar.update()
+            assert host.shape == shape, (t.path, host.shape, shape)
+            array = jax.make_array_from_callback(shape, _lookup(shardings, t.path), lambda idx: host[idx])
+            node = values
+            for key in t.path[:-1]:
+                node = node.setdefault(key, {})
+            node[t.path[-1]] = array
+            del host
+    if _flat_keys(values) != _flat_keys(abstract):
+        raise AssertionError(f"loader targets {_flat_keys(values)} != model parameters {_flat_keys(abstract)}")
+    nnx.replace_by_pure_dict(state, values)
+    return state
+
+
+def _lookup(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _flat_keys(tree: dict, prefix=()) -> set:
+    keys = set()
+    for k, v in tree.items():
+        keys |= _flat_keys(v, prefix + (k,)) if isinstance(v, dict) else {prefix + (k,)}
+    return keys
+
+
+def load_pretrained(
+    path,
+    dtype: str = "float32",
+    mesh: Mesh | None = None,
+    rules: Rules = TRAIN_RULES,
+    *,
+    tokenizer: bool = True,
+    progress: bool = True,
+) -> Policy:
+    """Loads a pretrained Llama/Qwen3 checkpoint onto `mesh` (default: the first device).
+
+    `path` is a Hugging Face directory (config.json + *.safetensors, sharded or not,
+    tokenizer files optional) or a `.gguf` file (dequantised). `dtype` ("float32" or
+    "bfloat16") is both parameter and compute dtype. With `tokenizer=False`, or for a
+    directory without tokenizer files, `policy.tokenizer` is None. A progress bar is
+    shown for big checkpoints when stderr is a terminal and `progress` is true.
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    dtype = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise CheckpointError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    if path.is_file() and path.suffix == ".gguf":
+        config, checkpoint = _open_gguf(path, dtype)
+    elif path.is_dir():
+        config, checkpoint = _open_hf_directory(path, dtype)
+    else:
+        raise CheckpointError(
+            f"{path} is neither a Hugging Face model directory nor a .gguf file"
+        )
+    mesh = mesh or make_mesh((1, 1, 1), jax.devices()[:1])
+    targets = _targets(config)
+    _check(checkpoint, targets, config, path)
+    opened = time.perf_counter()
+    state = _place(checkpoint, targets, config, mesh, rules, progress)
+    graphdef, _ = abstract_model(config)
+    model = nnx.merge(graphdef, state)
+    placed = time.perf_counter()
+    tok = _load_tokenizer(path) if tokenizer else None
+    logging.info(
+        "loaded %s: %s, %.1fM parameters, %s, mesh %s; open %.1fs, weights %.1fs, tokenizer %.1fs",
+        path, config.family, config.num_params / 1e6, dtype, dict(mesh.shape),
+        opened - start, placed - opened, time.perf_counter() - placed,
+    )
+    return Policy(model, config, tok, mesh, rules)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def _load_tokenizer(path: Path):
+    from spade_jax.models.tokenizer import HFTokenizer
+
+    if path.suffix == ".gguf":
+        return HFTokenizer.from_gguf(path)
+    if any((path / f).exists() for f in _TOKENIZER_FILES):
+        return HFTokenizer.from_pretrained(path)
+    logging.info("%s has no tokenizer files; policy.tokenizer is None", path)
+    return None
