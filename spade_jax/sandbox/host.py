@@ -160,6 +160,7 @@ class Host:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         euid = os.geteuid()
+        outer_root = euid == 0 and (not self.plan.user_namespace or _outer_uid_is_root())
         notes = list(self.plan.notes)
         if self.plan.namespaces:
             self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -184,7 +185,6 @@ class Host:
         self.rlimits = isolation.worker_rlimits(
             self.cfg.cpu_seconds, vm_bytes + self.cfg.memory_mb * (1 << 20), self.cfg.disk_mb * (1 << 20),
             self.cfg.open_files, self.cfg.max_processes)
-        outer_root = euid == 0 and (not self.plan.user_namespace or _outer_uid_is_root())
         processes_enforced = self.uid_base is not None or not outer_root
         if not processes_enforced:
             notes.append("the process limit is not enforced for root's uid: fork is not blocked")
@@ -655,29 +655,24 @@ class Host:
                 continue
 
     def _sweep_strays(self) -> None:
-        """Without PID namespaces: kills processes that escaped a worker's process group.
+        """Without PID namespaces: kills and reaps processes that escaped a worker's process group.
 
         They are reparented to this host (a child subreaper) or, with per-episode uids, run
-        under a uid this host owns; both are found in /proc and SIGKILLed.
+        under a uid this host owns; both are found in /proc. Repeats until a scan finds none,
+        since killing a stray can reparent its own children to us.
         """
-        me = os.getpid()
-        known = set(self.by_pid)
-        uid_range = range(self.uid_base, self.uid_base + _UID_SPAN) if self.uid_base is not None else range(0)
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in known or int(name) == me:
-                continue
-            try:
-                with open(f"/proc/{name}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-            except OSError:
-                continue
-            ppid = int(fields.get("PPid", "0").strip() or 0)
-            uid = int(fields.get("Uid", "-1").split()[0])
-            if ppid == me or uid in uid_range:
+        for _ in range(50):
+            strays = self._find_strays()
+            if not strays:
+                break
+            for pid, _ in strays:
                 try:
-                    os.kill(int(name), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            for pid, ours in strays:
+                if ours:
+                    self._reap(pid)
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -687,6 +682,26 @@ class Host:
                 return
             if pid in self.by_pid:
                 self.statuses[pid] = status
+
+    def _find_strays(self) -> list[tuple[int, bool]]:
+        """(pid, is our child) of processes that are neither this host nor a live worker but
+        are our children or run under one of our episode uids."""
+        me = os.getpid()
+        uid_range = range(self.uid_base, self.uid_base + _UID_SPAN) if self.uid_base is not None else range(0)
+        strays = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in self.by_pid or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+            except OSError:
+                continue
+            ppid = int(fields.get("PPid", "0").strip() or 0)
+            uid = int(fields.get("Uid", "-1").split()[0])
+            if ppid == me or uid in uid_range:
+                strays.append((int(name), ppid == me))
+        return strays
 
 
 def _describe_exit(status: int | None) -> str:
