@@ -7,8 +7,10 @@ real SmolLM2-135M GGUF is compared against transformers loading the same GGUF.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import sys
 
 import jax
 import numpy as np
@@ -407,3 +409,35 @@ def test_error_no_weights_and_bad_dtype(saved_llama, tmp_path):
     (path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors weights in"):
         load_pretrained(path)
+
+
+def test_error_unsupported_activation(saved_llama, tmp_path):
+    path = _copy(saved_llama, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="config.json: hidden_act 'gelu' is not supported; supported: silu"):
+        load_pretrained(path)
+
+
+class _FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_when_asked_on_a_terminal(saved_llama, monkeypatch, capsys):
+    from spade_jax.models import loading
+
+    monkeypatch.setattr(loading, "_PROGRESS_MIN_BYTES", 0)  # the test checkpoint counts as big
+    outputs = {}
+    for name, stream, progress in [
+        ("terminal", _FakeTerminal(), True),
+        ("terminal, progress=False", _FakeTerminal(), False),
+        ("not a terminal", io.StringIO(), True),
+    ]:
+        monkeypatch.setattr(sys, "stderr", stream)
+        load_pretrained(saved_llama, tokenizer=False, progress=progress)
+        outputs[name] = stream.getvalue()
+    assert "loading weights" in outputs["terminal"]
+    assert outputs["terminal, progress=False"] == "" and outputs["not a terminal"] == ""
+    assert capsys.readouterr().out == ""  # load_pretrained prints nothing

@@ -110,5 +110,9 @@ class ModelConfig:
         )
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError("checkpoints with attention or MLP biases are not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; supported: silu")
+        if hf.get("use_sliding_window"):
+            raise ValueError("sliding-window attention (use_sliding_window) is not supported")
         fields.update(overrides)
         return cls(**fields)
