@@ -23,6 +23,12 @@ name ends in ``Env``:
   json, itertools, collections, heapq, string, fractions, dataclasses, typing,
   functools, ...) and numpy. ``ToolUseEnv``, ``extract_boxed`` and
   ``SUCCESS_REWARD`` are predefined names in every environment module.
+  The exact list is ``spade_jax.sandbox.policy.ALLOWED_MODULES``; ``open``,
+  ``input``, ``__import__`` and introspection escapes are refused too.
+* As checked by the sandbox (``spade_jax/sandbox/validate.py``): results are real
+  tuples; the observation is a ``str``; the reward an ``int``/``float`` (numpy
+  scalars too), finite; the flags ``bool``; ``info`` JSON-serialisable. Each
+  episode runs in its own process, so module-level state is per episode.
 
 This module is imported inside sandbox workers: standard library only.
 """

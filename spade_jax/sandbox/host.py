@@ -60,6 +60,29 @@ class _Plan:
     user_namespace: bool = False
     notes: list = dataclasses.field(default_factory=list)
     error: str | None = None
+    uid_base: int | None = None
+    uid_lock: socket.socket | None = None
+
+
+def claim_uid_range() -> tuple[int, socket.socket]:
+    """A block of _UID_SPAN uids no other sandbox on this machine uses, for per-episode uids.
+
+    The claim is an abstract unix socket named after the block: bound while this process
+    (or its forked host) lives, released by the kernel when they exit, nothing on disk.
+    Must run in the machine's network namespace, i.e. before entering ours.
+    """
+    rng = random.SystemRandom()
+    for _ in range(256):
+        base = rng.randrange(0x4000, 0x7FFF) * _UID_SPAN
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(f"\0spade-sandbox-uids-{base:x}")
+        except OSError:
+            lock.close()
+            continue
+        lock.set_inheritable(False)
+        return base, lock
+    raise OSError("no free uid block for per-episode uids")
 
 
 def choose_isolation(config: SandboxConfig) -> _Plan:
@@ -174,9 +197,8 @@ class Host:
             self.pool_dir = tempfile.mkdtemp(prefix="spade_sandbox_")
             os.chmod(self.pool_dir, 0o711)
             method = "rlimits"
-        if euid == 0 and not self.plan.user_namespace:
-            self.uid_base = random.SystemRandom().randrange(0x4000, 0x7FFF) * _UID_SPAN
-        elif self.plan.user_namespace:
+        self.uid_base = self.plan.uid_base
+        if self.plan.user_namespace:
             notes.append("one uid for all episodes (only root is mapped in the user namespace); "
                          "capabilities are dropped")
         self.syscall_filter = isolation.probe_syscall_filter()
@@ -353,23 +375,37 @@ class Host:
     # --- workers -----------------------------------------------------------------------------
 
     def _spawn(self, ep: _Episode) -> None:
-        """Forks the episode's worker; the child jails itself and runs ``worker.serve``."""
-        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        host_fd, child_fd = host_end.detach(), child_end.detach()
-        out_r, out_w = os.pipe()
+        """Forks the episode's worker; the child jails itself and runs ``worker.serve``.
+
+        Raises OSError (with nothing leaked) when the fds, the directory or the fork fail.
+        """
+        fds: list[int] = []
         slot = self.free_slots.pop()
-        uid = None if self.uid_base is None else self.uid_base + slot
-        scratch = self.scratch if self.plan.namespaces else self._make_scratch_dir(ep, uid)
-        if self.plan.namespaces:
-            isolation.unshare(isolation.CLONE_NEWPID)
+        new_pid_ns = False
         try:
+            host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            fds += [host_end.detach(), child_end.detach()]
+            fds += os.pipe()
+            uid = None if self.uid_base is None else self.uid_base + slot
+            scratch = self.scratch if self.plan.namespaces else self._make_scratch_dir(ep, uid)
+            if self.plan.namespaces:
+                isolation.unshare(isolation.CLONE_NEWPID)
+                new_pid_ns = True
             pid = os.fork()
         except OSError:
-            self._fork_cleanup(host_fd, child_fd, out_r, out_w, slot, ep)
+            if new_pid_ns:
+                isolation.setns(self.pidns_fd, isolation.CLONE_NEWPID)
+            for fd in fds:
+                os.close(fd)
+            self.free_slots.append(slot)
+            if ep.scratch_dir:
+                shutil.rmtree(ep.scratch_dir, ignore_errors=True)
+                ep.scratch_dir = None
             raise
+        host_fd, child_fd, out_r, out_w = fds
         if pid == 0:
             self._become_worker(ep, child_fd, out_w, scratch, uid)
-        if self.plan.namespaces:
+        if new_pid_ns:
             isolation.setns(self.pidns_fd, isolation.CLONE_NEWPID)
         os.close(child_fd)
         os.close(out_w)
@@ -381,15 +417,6 @@ class Host:
         self.by_pid[pid] = ep
         self.sel.register(host_fd, selectors.EVENT_READ, (ep, "sock"))
         self.sel.register(out_r, selectors.EVENT_READ, (ep, "out"))
-
-    def _fork_cleanup(self, host_fd, child_fd, out_r, out_w, slot, ep) -> None:
-        if self.plan.namespaces:
-            isolation.setns(self.pidns_fd, isolation.CLONE_NEWPID)
-        for fd in (host_fd, child_fd, out_r, out_w):
-            os.close(fd)
-        self.free_slots.append(slot)
-        if ep.scratch_dir:
-            shutil.rmtree(ep.scratch_dir, ignore_errors=True)
 
     def _make_scratch_dir(self, ep: _Episode, uid: int | None) -> str:
         path = os.path.join(self.pool_dir, f"episode-{ep.eid}")
@@ -474,6 +501,9 @@ class Host:
             data = b""
         if not data:
             self._fail(ep, None)
+            return
+        if ep.call is None:  # never buffer for idle workers: host memory stays num_workers * max_message_bytes
+            self._fail(ep, "protocol error: data from the worker while no call was pending")
             return
         try:
             payloads = ep.frames.feed(data)
@@ -778,6 +808,8 @@ def main() -> None:
     if plan.error:
         write_all(reply_fd, encode_frame({"ok": False, "error": plan.error, "kind": "isolation"}))
         sys.exit(3)
+    if os.geteuid() == 0 and not plan.user_namespace:
+        plan.uid_base, plan.uid_lock = claim_uid_range()
     if plan.namespaces:
         isolation.enter_host_namespaces(plan.user_namespace)
         child = os.fork()

@@ -62,6 +62,8 @@ class SandboxConfig:
         for name in ("load_timeout_s", "call_timeout_s", "host_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_live_episodes > 65536:
+            raise ValueError("SandboxConfig.max_live_episodes must be at most 65536 (one uid each)")
         if self.open_files < 8:
             raise ValueError("SandboxConfig.open_files must be at least 8 (the worker needs a few itself)")
 
