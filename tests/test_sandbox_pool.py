@@ -355,3 +355,23 @@ def test_sandbox_and_envs_import_without_jax():
 def test_step_results_round_trip():
     result = StepResult(3, "o", 0.5, True, False, {"a": 1}, turn=2, env_class="X")
     assert StepResult.from_dict(result.__dict__) == result and result.done and result.ok
+
+
+@pytest.mark.skipif(not _namespaces_expected(), reason="namespaces not available here")
+def test_auto_falls_back_to_rlimits_when_namespace_setup_fails(tmp_path, monkeypatch):
+    from spade_jax.sandbox import pool as pool_module
+    (tmp_path / "sitecustomize.py").write_text(
+        "import spade_jax.sandbox.isolation as iso\n"
+        "def refuse(dirs):\n"
+        "    raise OSError(1, 'simulated: pivot_root refused')\n"
+        "iso.build_private_root = refuse\n")
+    base = pool_module.host_environment()
+    monkeypatch.setattr(pool_module, "host_environment",
+                        lambda: {**base, "PYTHONPATH": f"{tmp_path}:{base['PYTHONPATH']}"})
+    with pytest.raises(SandboxError, match="simulated: pivot_root refused"):
+        SandboxPool(SandboxConfig(isolation="namespaces"))
+    with pytest.warns(RuntimeWarning, match="setting them up failed"):
+        pool = SandboxPool(SandboxConfig(isolation="auto"))
+    with pool:
+        assert pool.isolation.method == "rlimits" and "simulated" in pool.isolation.notes[0]
+        assert pool.start([EpisodeSpec(GAME)])[0].ok

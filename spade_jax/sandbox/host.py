@@ -166,6 +166,7 @@ class Host:
         self.sel.register(cmd_fd, selectors.EVENT_READ, None)
         self.free_slots = list(range(config.max_live_episodes - 1, -1, -1))
         self.pool_dir: str | None = None
+        self.scratch = isolation.SCRATCH
         self.pidns_fd = -1
         self.uid_base: int | None = None
         self.report: IsolationReport | None = None
@@ -180,7 +181,7 @@ class Host:
             except ImportError:
                 pass
         vm_bytes = _vm_size_bytes()
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         euid = os.geteuid()
         outer_root = euid == 0 and (not self.plan.user_namespace or _outer_uid_is_root())
@@ -189,7 +190,6 @@ class Host:
             self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
             isolation.build_private_root(_runtime_dirs())
             isolation.sethostname("sandbox")
-            self.scratch = isolation.SCRATCH
             method = "user-namespaces" if self.plan.user_namespace else "namespaces"
             notes.append("episodes share one empty network namespace (no interfaces up)")
         else:
@@ -315,7 +315,8 @@ class Host:
             while pending and len(self.inflight) < self.cfg.num_workers:
                 call = pending.popleft()
                 if call.ep in busy:
-                    self._finish(call, self._error(call, "the same episode appears twice in one request", "limit"))
+                    self._finish(call, self._error(call, "the same episode appears twice in one request", "limit",
+                                                   episode_over=False))
                     continue
                 busy.add(call.ep)
                 self._dispatch(call)
@@ -829,7 +830,8 @@ def main() -> None:
         report = host.setup()
     except Exception as err:
         traceback.print_exc(file=sys.stderr)
-        write_all(reply_fd, encode_frame({"ok": False, "error": f"sandbox host setup failed: {err}"}))
+        kind = "setup" if plan.namespaces else "fatal"
+        write_all(reply_fd, encode_frame({"ok": False, "error": f"sandbox host setup failed: {err}", "kind": kind}))
         sys.exit(4)
     write_all(reply_fd, encode_frame({"ok": True, "isolation": report.to_dict()}))
     host.serve()

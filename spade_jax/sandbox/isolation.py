@@ -200,7 +200,14 @@ def _locked_flags(path: str) -> int:
 
 
 def _bind_readonly(source: str, target: str) -> None:
-    mount(source, target, None, MS_BIND)
+    """Read-only bind of ``source``. Inside a user namespace the kernel refuses a plain bind of a
+    directory with locked submounts (e.g. driver files mounted into /usr/lib): bind recursively then."""
+    try:
+        mount(source, target, None, MS_BIND)
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        mount(source, target, None, MS_BIND | MS_REC)
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(source))
 
 

@@ -15,6 +15,7 @@ its result and never raise. Not thread-safe: use one pool per thread (or process
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -40,6 +41,10 @@ class SandboxError(RuntimeError):
     """The sandbox host itself failed (exited, hung or answered nonsense); the pool is unusable."""
 
 
+class _NamespaceSetupFailed(SandboxError):
+    """The host entered namespaces but could not build its private root."""
+
+
 def host_environment() -> dict[str, str]:
     """The whole environment the host (and so every worker) starts with: no secrets from ours."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(spade_jax.__file__)))
@@ -62,6 +67,18 @@ class SandboxPool:
     def __init__(self, config: SandboxConfig | None = None):
         self.config = config or SandboxConfig()
         self._next_id = 0
+        try:
+            self.isolation = self._start_host(self.config)
+        except _NamespaceSetupFailed as err:
+            # the probe passed but building the private root did not: "auto" accepts process limits
+            self.isolation = self._start_host(dataclasses.replace(self.config, isolation="rlimits"))
+            self.isolation = dataclasses.replace(self.isolation, notes=(
+                f"namespaces were granted but setting them up failed ({err}); using process limits only",))
+        if not self.isolation.full:
+            warnings.warn(f"sandbox isolation is reduced: {'; '.join(self.isolation.notes)}", RuntimeWarning,
+                          stacklevel=2)
+
+    def _start_host(self, config: SandboxConfig) -> IsolationReport:
         self._closed = False
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "spade_jax.sandbox.host"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -69,20 +86,20 @@ class SandboxPool:
         self._finalizer = weakref.finalize(self, _terminate, self._proc)
         self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
         try:
-            write_all(self._wfd, encode_frame(self.config.to_dict()))
-            hello = self._read(time.monotonic() + self.config.host_start_timeout_s)
+            write_all(self._wfd, encode_frame(config.to_dict()))
+            hello = self._read(time.monotonic() + config.host_start_timeout_s)
         except BaseException:
             self._shutdown_host()
             raise
         if not hello.get("ok"):
             self._shutdown_host()
+            error = hello.get("error", "the sandbox host failed to start")
             if hello.get("kind") == "isolation":
-                raise IsolationUnavailable(hello.get("error"))
-            raise SandboxError(hello.get("error", "the sandbox host failed to start"))
-        self.isolation = IsolationReport.from_dict(hello["isolation"])
-        if not self.isolation.full:
-            warnings.warn(f"sandbox isolation is reduced: {'; '.join(self.isolation.notes)}", RuntimeWarning,
-                          stacklevel=2)
+                raise IsolationUnavailable(error)
+            if hello.get("kind") == "setup" and config.isolation == "auto":
+                raise _NamespaceSetupFailed(error)
+            raise SandboxError(error)
+        return IsolationReport.from_dict(hello["isolation"])
 
     # --- public API --------------------------------------------------------------------------
 
@@ -96,6 +113,8 @@ class SandboxPool:
 
         Each result carries the new ``episode_id`` and the reset observation and info;
         on failure ``error`` (and ``timed_out``) is set and the episode is not live.
+        ``close`` every id you get back, failed ones included (the host keeps a small
+        record of each until then).
         """
         if not specs:
             return []
