@@ -111,7 +111,7 @@ def _step(graphdef, state, tokens_BT, positions_BT, segments_BT, cache, *, mesh)
 
 
 @pytest.mark.parametrize("mesh_name", ["1dev", "222"])
-def test_prefill_then_decode_equals_full_forward(policies, mesh_name):
+def test_prefill_then_decode_equals_full_forward(policies, mesh_name, capfd):
     policy = policies[mesh_name]
     tokens_BT, segments_BT = _padded_batch(np.random.default_rng(2), T=14)
     segments_BT[3, 6:] = 1  # decode continues every row's single segment ...
@@ -137,6 +137,7 @@ def test_prefill_then_decode_equals_full_forward(policies, mesh_name):
     incremental_BTV = np.concatenate(pieces, axis=1)
     real = segments_BT != 0
     np.testing.assert_allclose(incremental_BTV[real], full_BTV[real], atol=1e-5, rtol=0)
+    assert "Involuntary full rematerialization" not in capfd.readouterr().err
 
 
 def test_smollm2_on_222_mesh_matches_one_device(smollm2_gguf_path, smollm2_policy, meshes):

@@ -225,9 +225,9 @@ class _GGUFCheckpoint(_Checkpoint):
 
     names = _GGUF_NAMES
 
-    def __init__(self, reader, architecture: str, config: ModelConfig):
+    def __init__(self, reader, shapes: dict[str, tuple[int, ...]], architecture: str, config: ModelConfig):
         self._tensors = {t.name: t for t in reader.tensors}
-        self.shapes = {n: tuple(int(d) for d in reversed(t.shape)) for n, t in self._tensors.items()}
+        self.shapes = shapes
         heads = {"q": config.num_heads, "k": config.num_kv_heads}
         self._unpermute_heads = (
             {_GGUF_NAMES[r].format(i=i): heads[r] for r in heads for i in range(config.num_layers)}
@@ -283,27 +283,29 @@ def _open_gguf(path: Path, dtype: str):
         raise CheckpointError(f"{path} uses rope scaling {scaling!r}, which is not supported for GGUF")
     if "token_embd.weight" not in shapes:
         raise CheckpointError(f"checkpoint {path} is missing tensor token_embd.weight")
-    heads = int(need("attention.head_count"))
-    kv_heads = _gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
-    hidden = int(need("embedding_length"))
-    config = ModelConfig(
-        family=arch,
-        vocab_size=shapes["token_embd.weight"][0],
-        hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(_gguf_field(reader, f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_gguf_field(reader, f"{arch}.context_length", 8192)),
-        tie_word_embeddings="output.weight" not in shapes,
-        qk_norm=arch == "qwen3",
-        dtype=dtype,
-        param_dtype=dtype,
-    )
-    return config, _GGUFCheckpoint(reader, arch, config)
+    heads, hidden = need("attention.head_count"), need("embedding_length")
+    ffn, layers, eps = need("feed_forward_length"), need("block_count"), need("attention.layer_norm_rms_epsilon")
+    try:
+        config = ModelConfig(
+            family=arch,
+            vocab_size=shapes["token_embd.weight"][0],
+            hidden_size=int(hidden),
+            intermediate_size=int(ffn),
+            num_layers=int(layers),
+            num_heads=int(heads),
+            num_kv_heads=int(_gguf_field(reader, f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(_gguf_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+            rms_norm_eps=float(eps),
+            rope_theta=float(_gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+            max_position_embeddings=int(_gguf_field(reader, f"{arch}.context_length", 8192)),
+            tie_word_embeddings="output.weight" not in shapes,
+            qk_norm=arch == "qwen3",
+            dtype=dtype,
+            param_dtype=dtype,
+        )
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: unusable GGUF metadata: {e}") from None
+    return config, _GGUFCheckpoint(reader, shapes, arch, config)
 
 
 # -------------------------------------------------------------------- loading
