@@ -7,6 +7,7 @@ real SmolLM2-135M GGUF is compared against transformers loading the same GGUF.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import shutil
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
@@ -441,3 +443,25 @@ def test_progress_bar_only_when_asked_on_a_terminal(saved_llama, monkeypatch, ca
     assert "loading weights" in outputs["terminal"]
     assert outputs["terminal, progress=False"] == "" and outputs["not a terminal"] == ""
     assert capsys.readouterr().out == ""  # load_pretrained prints nothing
+
+
+def test_bfloat16_checkpoint_loads_exactly(tmp_path):
+    """Real checkpoints are stored in bfloat16 (which numpy lacks): read bit-exactly, computed in float32."""
+    model = _hf_model("qwen3", CASES["qwen3-gqa4-headdim-untied-sharded"][1], seed=8)
+    with torch.no_grad():  # the reference: bfloat16-rounded weights (not rope buffers), in float32
+        for param in model.parameters():
+            param.copy_(param.to(torch.bfloat16).float())
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", framework="np") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_dtype() == "BF16"
+    policy = load_pretrained(tmp_path, mesh=_one_device())
+    assert policy.config.param_dtype == "float32"
+    np.testing.assert_array_equal(
+        np.asarray(policy.model.embed_VD[...]), model.model.embed_tokens.weight.detach().numpy()
+    )
+    tokens_BT = np.random.default_rng(9).integers(0, 96, (2, 13))
+    with torch.no_grad():
+        ref = model(torch.tensor(tokens_BT)).logits
+    diff = _max_diff(policy.logits(tokens_BT), ref)
+    print(f"bfloat16 checkpoint: max |diff| {diff:.2e}")
+    assert diff <= TOLERANCE
