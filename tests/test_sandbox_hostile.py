@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool, StepResult
+from spade_jax.sandbox import EpisodeSpec, IsolationReport, SandboxConfig, SandboxPool, StepResult
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -78,7 +78,7 @@ def _clean_env(result, ctx):
 
 def _no_escalation(result, ctx):
     data = _obs(result)
-    assert data.pop("uid") != 0
+    data.pop("uid")
     assert all(v != "succeeded" for v in data.values()), data
 
 
@@ -91,14 +91,15 @@ def _disk_capped(result, ctx):
     assert data["written_mb"] <= 8 and data["error"], data
 
 
-def _no_network(result, ctx):
+def _nothing_reached(result, ctx):
     assert all(v not in ("connected", "sent") for v in _obs(result).values())
 
 
 def _nobody_killed(result, ctx):
+    # kill(-1) reports success even when every target refused (EPERM), so what counts is
+    # that the host, the sibling and this test process are still alive (checked after).
     data = _obs(result)
     assert all(data[str(pid)] != "sent" for pid in ctx.pids)
-    assert data["-1"] != "sent"
 
 
 def _escape_contained(result, ctx):
@@ -116,7 +117,9 @@ class Expect:
     call: where it shows ("start" or "step"); error: substring of the reported error (None:
     the call succeeds and ``check`` inspects what leaked); admission: the stage at which the
     default admission stops it; pool: "open" (import guard off), "forking" (max_processes=16)
-    or "guarded" (the default run-time import guard).
+    or "guarded" (the default run-time import guard); needs: the isolation property that
+    contains it, so that on a machine without namespaces the attack is not run for real
+    against the test runner (it would kill pytest or fill /tmp).
     """
 
     call: str
@@ -125,50 +128,67 @@ class Expect:
     check: Callable | None = None
     admission: str = "parse"
     pool: str = "open"
+    needs: Callable[[IsolationReport], bool] = lambda iso: True
+
+
+def _private_files(iso):
+    return iso.filesystem == "private-root"
+
+
+def _no_network(iso):
+    return iso.network == "none"
+
+
+def _no_signalling_others(iso):
+    return iso.pid_namespace or iso.per_episode_uid
+
+
+def _no_forks(iso):
+    return iso.processes_enforced
 
 
 EXPECT = {
     "base_exception.py": Expect("step", "KeyboardInterrupt", admission="contract"),
     "deep_recursion.py": Expect("start", "SIGSEGV"),
-    "detached_daemon.py": Expect("start", pool="forking"),
-    "disk_fill.py": Expect("start", check=_disk_capped),
+    "detached_daemon.py": Expect("start", pool="forking", needs=_no_signalling_others),
+    "disk_fill.py": Expect("start", check=_disk_capped, needs=_private_files),
     "env_secrets.py": Expect("start", check=_clean_env),
-    "escalate.py": Expect("start", check=_no_escalation),
-    "exec_program.py": Expect("start", "no program could be executed"),
+    "escalate.py": Expect("start", check=_no_escalation, needs=lambda iso: iso.syscall_filter),
+    "exec_program.py": Expect("start", "no program could be executed", needs=_private_files),
     "fd_probe.py": Expect("start", check=_only_own_fds),
     "forbidden_import.py": Expect("start", "import of 'socket' is not allowed", pool="guarded"),
-    "fork_bomb.py": Expect("start", "BlockingIOError"),
+    "fork_bomb.py": Expect("start", "BlockingIOError", needs=_no_forks),
     "huge_observation.py": Expect("start", "exceeds the limit", admission="contract"),
     "idle_alarm.py": Expect("step", "not live: the worker exited with code 3"),
     "ignore_sigterm.py": Expect("step", "timeout: step", timed_out=True),
-    "import_escape.py": Expect("start", check=_escape_contained),
+    "import_escape.py": Expect("start", check=_escape_contained, needs=_no_forks),
     "infeasible.py": Expect("step", admission="feasibility"),
-    "kill_others.py": Expect("start", check=_nobody_killed),
+    "kill_others.py": Expect("start", check=_nobody_killed, needs=_no_signalling_others),
     "loop_in_import.py": Expect("start", "timeout: load", timed_out=True, admission="load"),
     "loop_in_reset.py": Expect("start", "timeout: reset", timed_out=True, admission="contract"),
     "loop_in_step.py": Expect("step", "timeout: step", timed_out=True, admission="contract"),
     "memory_bomb.py": Expect("start", "MemoryError", admission="contract"),
     "nan_reward.py": Expect("step", "reward must be", admission="contract"),
-    "network_connect.py": Expect("start", check=_no_network),
+    "network_connect.py": Expect("start", check=_nothing_reached, needs=_no_network),
     "never_ends.py": Expect("step", admission="contract"),
     "nondeterministic.py": Expect("step", admission="determinism"),
     "os_exit.py": Expect("start", "exited with code 7"),
     "protocol_forged_reply.py": Expect("step", check=_forged_clipped),
     "protocol_garbage.py": Expect("start", "protocol error: malformed message"),
     "protocol_huge_frame.py": Expect("start", "protocol error: frame of 4294967295 bytes"),
-    "read_host_files.py": Expect("start", check=_no_reads),
+    "read_host_files.py": Expect("start", check=_no_reads, needs=_private_files),
     "recursion_error.py": Expect("step", "RecursionError", admission="contract"),
     "sleep_in_step.py": Expect("step", "timeout: step", timed_out=True),
     "stderr_flood.py": Expect("start", "output limit exceeded"),
     "stdout_flood.py": Expect("step", "output limit exceeded", admission="contract"),
-    "subprocess_shell.py": Expect("start", "BlockingIOError"),
+    "subprocess_shell.py": Expect("start", "BlockingIOError", needs=_no_forks),
     "sys_exit.py": Expect("step", "SystemExit"),
     "tamper_protocol.py": Expect("start", "protocol error"),
-    "threads.py": Expect("start", "can't start new thread"),
+    "threads.py": Expect("start", "can't start new thread", needs=_no_forks),
     "trivial_win.py": Expect("step", admission="not_trivial"),
     "two_env_classes.py": Expect("start", "exactly one class", admission="load"),
     "unencodable_info.py": Expect("step", "not JSON-serialisable", admission="contract"),
-    "write_outside.py": Expect("start", check=_no_writes),
+    "write_outside.py": Expect("start", check=_no_writes, needs=_private_files),
     "wrong_types.py": Expect("step", "5-tuple", admission="contract"),
 }
 
@@ -217,7 +237,7 @@ def _baseline(pool: SandboxPool) -> int:
 
 def _assert_nothing_left(pool: SandboxPool, ctx: Ctx) -> None:
     left = [p for p in _tree(pool)]
-    assert len(left) == _baseline(pool), [(p.pid, p.name()) for p in left]
+    assert len(left) == _baseline(pool), [(p.pid, p.status(), p.uids().real, p.cmdline()) for p in left]
     assert not ctx.pwned.exists()
     with pytest.raises(BlockingIOError):
         ctx.listener.accept()
@@ -227,12 +247,22 @@ def _assert_nothing_left(pool: SandboxPool, ctx: Ctx) -> None:
 def test_hostile_program_is_contained(name, pools, ctx):
     expect = EXPECT[name]
     pool = pools[expect.pool]
+    if not expect.needs(pool.isolation):
+        pytest.skip(f"the isolation in force here does not contain this attack: {pool.isolation.notes}")
     good = pool.start([EpisodeSpec(GOOD, seed=3)])[0]
     assert good.ok, good.error
     tree = _tree(pool)
     ctx.pids = [pool.host_pid, os.getpid()] + [p.pid for p in tree]  # trainer, host, sibling worker
     started = time.monotonic()
     bad = pool.start([EpisodeSpec((HOSTILE / name).read_text(), seed=0, env_kwargs=ctx.kwargs())])[0]
+    try:
+        _check_case(name, expect, pool, ctx, good, bad, started, tree)
+    finally:
+        pool.close([bad.episode_id, good.episode_id])
+    _assert_nothing_left(pool, ctx)
+
+
+def _check_case(name, expect, pool, ctx, good, bad, started, tree):
     result, deadline = bad, LOAD_S + CALL_S
     if expect.call == "step":
         assert bad.ok, bad.error
@@ -252,6 +282,8 @@ def test_hostile_program_is_contained(name, pools, ctx):
         assert result.reward == -0.5
     if expect.check:
         expect.check(result, ctx)
+    if name == "escalate.py" and pool.isolation.per_episode_uid:
+        assert _obs(result)["uid"] != 0
     if name == "detached_daemon.py":
         assert len(_tree(pool)) > len(tree), "the daemon should be alive until the episode is closed"
     if name == "protocol_forged_reply.py":
@@ -260,12 +292,12 @@ def test_hostile_program_is_contained(name, pools, ctx):
     sibling = pool.step([good.episode_id], ["\\boxed{2}"])[0]
     assert sibling.ok and sibling.observation == "Total is 2.", sibling
     assert psutil.pid_exists(pool.host_pid)
-    pool.close([bad.episode_id, good.episode_id])
-    _assert_nothing_left(pool, ctx)
 
 
 def test_fork_bomb_with_forks_allowed_leaves_nothing(pools, ctx):
     pool = pools["forking"]
+    if not pool.isolation.pid_namespace:
+        pytest.skip("without PID namespaces a fork bomb is only bounded by the per-uid process limit")
     bad = pool.start([EpisodeSpec((HOSTILE / "fork_bomb.py").read_text())])[0]
     assert bad.error is not None
     good = pool.start([EpisodeSpec(GOOD, seed=1)])[0]
@@ -276,7 +308,7 @@ def test_fork_bomb_with_forks_allowed_leaves_nothing(pools, ctx):
 
 def test_whole_corpus_at_once_next_to_good_episodes(pools, ctx):
     pool = pools["open"]
-    names = [n for n in sorted(EXPECT) if EXPECT[n].pool == "open"]
+    names = [n for n in sorted(EXPECT) if EXPECT[n].pool == "open" and EXPECT[n].needs(pool.isolation)]
     specs = [EpisodeSpec((HOSTILE / n).read_text(), seed=0, env_kwargs=ctx.kwargs()) for n in names]
     goods = [EpisodeSpec(GOOD, seed=s) for s in range(4)]
     started = time.monotonic()
