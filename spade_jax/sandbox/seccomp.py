@@ -1,7 +1,9 @@
 """A seccomp-BPF filter for workers: refuse the syscalls an environment has no use for.
 
 Namespaces and mounts (unshare, setns, clone with namespace flags, mount API, pivot_root,
-chroot), cross-process access (ptrace, process_vm_*), and kernel attack surface that
+chroot), cross-process access (ptrace, process_vm_*, pidfds, and signals to any process but
+the caller itself: without PID namespaces a worker's ``kill(-1, SIGKILL)`` would otherwise
+reach every process of its uid), and kernel attack surface that
 unprivileged code can reach (keyrings, bpf, userfaultfd, perf events, io_uring, module
 and kexec loading, handle-based opens). They fail with EPERM (clone3 with ENOSYS, so libc
 falls back to clone, whose flags the filter can inspect); syscalls of a foreign
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import platform
 import struct
 
@@ -36,6 +39,10 @@ _DENIED = {
                     swapon=224, swapoff=225, reboot=142, acct=89, quotactl=60),
 }
 _CLONE = {"x86_64": (56, 435), "aarch64": (220, 435)}
+# Signal syscalls whose first argument is the target (thread group) id: only the caller itself.
+_SIGNAL = {"x86_64": dict(kill=62, tkill=200, tgkill=234, rt_sigqueueinfo=129, rt_tgsigqueueinfo=297),
+           "aarch64": dict(kill=129, tkill=130, tgkill=131, rt_sigqueueinfo=138, rt_tgsigqueueinfo=240)}
+_PIDFD = dict(pidfd_send_signal=424, pidfd_open=434, pidfd_getfd=438)  # same on both
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_SYSCALL_BIT = 0x40000000
 _NAMESPACE_FLAGS = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00020000
@@ -55,8 +62,9 @@ def supported() -> bool:
     return _arch() in _DENIED
 
 
-def filter_program() -> list[tuple[int, int, int, int]]:
-    """The BPF instructions (code, jt, jf, k) for this machine's architecture."""
+def filter_program(own_pid: int) -> list[tuple[int, int, int, int]]:
+    """The BPF instructions (code, jt, jf, k) for this machine's architecture and a worker whose
+    pid (as it sees itself) is ``own_pid``."""
     arch = _arch()
     clone, clone3 = _CLONE[arch]
     eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
@@ -64,8 +72,11 @@ def filter_program() -> list[tuple[int, int, int, int]]:
             (_LD_W_ABS, 0, 0, _OFFSET_NR)]
     if arch == "x86_64":
         prog += [(_JGE, 0, 1, _X32_SYSCALL_BIT), (_RET, 0, 0, eperm)]
-    for number in sorted(_DENIED[arch].values()):
+    for number in sorted([*_DENIED[arch].values(), *_PIDFD.values()]):
         prog += [(_JEQ, 0, 1, number), (_RET, 0, 0, eperm)]
+    for number in sorted(_SIGNAL[arch].values()):  # allowed only when aimed at the caller itself
+        prog += [(_JEQ, 0, 4, number), (_LD_W_ABS, 0, 0, _OFFSET_ARG0), (_JEQ, 0, 1, own_pid & 0xFFFFFFFF),
+                 (_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, eperm)]
     prog += [(_JEQ, 0, 1, clone3), (_RET, 0, 0, enosys),
              (_JEQ, 0, 3, clone), (_LD_W_ABS, 0, 0, _OFFSET_ARG0), (_JSET, 0, 1, _NAMESPACE_FLAGS),
              (_RET, 0, 0, eperm),
@@ -81,7 +92,7 @@ def install() -> bool:
     """Installs the filter on the calling process (no_new_privs must be set); False if unsupported."""
     if not supported():
         return False
-    prog = filter_program()
+    prog = filter_program(os.getpid())
     raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = _SockFprog(len(prog), ctypes.cast(buffer, ctypes.c_void_p))

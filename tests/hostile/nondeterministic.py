@@ -10,7 +10,7 @@ class CoinEnv:
     def reset(self, seed=None):
         self.coin = random.choice(["heads", "tails"]) + str(random.random())
         self.turn = 0
-        return f"I tossed a coin ({self.coin[:5]}...). Say \\boxed{{heads}} or \\boxed{{tails}}.", {}
+        return f"I tossed a coin (serial {self.coin[5:]}). Say \\boxed{{heads}} or \\boxed{{tails}}.", {}
 
     def step(self, action):
         self.turn += 1
