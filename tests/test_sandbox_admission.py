@@ -153,3 +153,10 @@ def test_play_cli_refuses_programs_failing_the_policy(tmp_path):
     out = _cli("play", str(bad), "--seed", "0", stdin="")
     assert out.returncode == 1 and "rejected at parse" in out.stderr
     assert _cli("play", str(bad)).returncode == 2  # --seed is required
+
+
+def test_big_batches_respect_the_pools_live_episode_limit():
+    # 5 programs x 3 seeds x 3 no-op actions = 45 episodes in the not_trivial stage alone
+    with SandboxPool(SandboxConfig(num_workers=2, max_live_episodes=8)) as small:
+        reports = admit_batch([GAME] * 5, AdmissionConfig(), pool=small)
+    assert all(r.admitted for r in reports), [r.reason for r in reports]

@@ -41,6 +41,7 @@ TOOL_PROBES = ('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>', "<t
 NOOP_ACTIONS = ("", "\\boxed{}", "pass")
 TOOL_NOOP_ACTIONS = ("", "<answer></answer>", "<tool_call></tool_call>")
 _WIN = SUCCESS_REWARD - 1e-6
+_CHUNK = 256  # episodes admission keeps live at once
 
 __all__ = ["AdmissionConfig", "AdmissionReport", "STAGES", "admit", "admit_batch", "code_similarity"]
 
@@ -238,12 +239,10 @@ class _Admission:
             if not low <= step.raw_reward <= high:
                 return (f"seed {seed}, step {n}: reward {step.raw_reward} is outside the allowed range "
                         f"[{low}, {high}]")
-            if step.done:
-                if n > c.turn_bound:
-                    return f"seed {seed}: the episode ended only after {n} steps, more than max_turns={c.turn_bound}"
+            if step.done and n <= c.turn_bound:
                 return None
         return (f"seed {seed}: the episode did not end within max_turns={c.turn_bound} "
-                f"(neither terminated nor truncated after {len(trace.steps)} steps)")
+                f"(neither terminated nor truncated after {c.turn_bound} steps)")
 
     def _determinism(self, cands):
         seeds = self.seeds[:self.cfg.determinism_seeds]
@@ -324,6 +323,13 @@ class _Admission:
         return _Script(c.report.code, seed, [*c.probes, *filler], turn_limit=c.turn_bound + len(c.probes) + 2)
 
     def _play(self, scripts: list[_Script]) -> list[_Trace]:
+        """Plays scripts in chunks, so admission never holds more than _CHUNK live episodes
+        (nor more than the pool allows)."""
+        chunk = min(_CHUNK, self.pool.config.max_live_episodes)
+        return [trace for first in range(0, len(scripts), chunk)
+                for trace in self._play_chunk(scripts[first:first + chunk])]
+
+    def _play_chunk(self, scripts: list[_Script]) -> list[_Trace]:
         """Starts every script's episode, optionally fetches solution(), steps the actions
         round by round (all live episodes in one batch per round) until each ends, closes all."""
         if not scripts:
