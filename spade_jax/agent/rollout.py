@@ -47,19 +47,18 @@ class AgentConfig:
 class EpisodeRequest:
     """One episode: which environment (an index the caller understands), its program and seed.
 
-    `hint` is appended to the first observation; with `hint_from_solution` the hint is
-    the first line of the environment's own `solution()` for this seed instead.
+    A hinted episode gets `hint` appended to its first observation, or with
+    `hint_from_solution` the first line of the environment's own `solution()` for this
+    seed. It stays a hinted play when no hint text could be had (an empty self-written
+    hint), so the matched plain/hinted sets keep their sizes.
     """
 
     env_key: int
     program: str
     seed: int
+    hinted: bool = False
     hint: str | None = None
     hint_from_solution: bool = False
-
-    @property
-    def hinted(self) -> bool:
-        return self.hint is not None or self.hint_from_solution
 
 
 @dataclasses.dataclass
@@ -119,7 +118,7 @@ def play_episodes(
         [EpisodeSpec(program=r.program, seed=r.seed, max_turns=cfg.max_turns) for r in requests]
     )
     episodes = [_Live(r, s.episode_id) for r, s in zip(requests, starts)]
-    need_solution = [e for e, s in zip(episodes, starts) if s.ok and e.request.hint_from_solution]
+    need_solution = [e for e, s in zip(episodes, starts) if s.ok and e.request.hinted and e.request.hint_from_solution]
     solutions = dict(
         zip((e.episode_id for e in need_solution), pool.solution([e.episode_id for e in need_solution]))
     ) if need_solution else {}
@@ -128,8 +127,8 @@ def play_episodes(
         if not start.ok:
             _end(episode, start, "timeout" if start.timed_out else "error")
             continue
-        hint = episode.request.hint
-        if episode.request.hint_from_solution:
+        hint = episode.request.hint if episode.request.hinted else None
+        if episode.request.hinted and episode.request.hint_from_solution:
             hint = solution_hint(solutions[episode.episode_id])
         observation = start.observation + (HINT_SEPARATOR + hint if hint else "")
         episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
@@ -150,7 +149,7 @@ def play_episodes(
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             top_k=cfg.top_k,
-            seed=seed * 100_003 + turn,
+            seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]),
         )
         actions = []
         for row, e in enumerate(live):

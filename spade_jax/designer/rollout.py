@@ -1,4 +1,5 @@
-"""Designer rollouts: one batched sampler call for every designer slot, then staged admission.
+"""Designer rollouts: one batched sampler call for every designer slot (`propose`), then
+staged admission of every program at once (`admit_samples`).
 
 Each slot gets a skill, a difficulty, a corpus document and exemplars drawn from the
 environment memory. Every sampled program goes through the sandbox's admission in one
@@ -48,11 +49,11 @@ class DesignSample:
     tokens: np.ndarray
     logprobs: np.ndarray
     text: str
-    report: AdmissionReport
+    report: AdmissionReport | None = None
 
     @property
     def admitted(self) -> bool:
-        return self.report.admitted
+        return self.report is not None and self.report.admitted
 
 
 def assign_slots(cfg: DesignerConfig, rng: np.random.Generator) -> list[tuple[str, str]]:
@@ -72,17 +73,10 @@ def slot_messages(
     return designer_messages(skill, difficulty, doc.as_reference(), exemplars)
 
 
-def design_environments(
-    policy,
-    pool,
-    memory: EnvironmentMemory,
-    corpus: Corpus,
-    cfg: DesignerConfig,
-    admission: AdmissionConfig,
-    *,
-    seed: int,
+def propose(
+    policy, memory: EnvironmentMemory, corpus: Corpus, cfg: DesignerConfig, *, seed: int
 ) -> list[DesignSample]:
-    """Samples `cfg.num_slots` programs and admits them; order follows the slots."""
+    """Samples `cfg.num_slots` programs in one batched call; `report` is still None."""
     rng = np.random.default_rng(seed)
     tokenizer = policy.tokenizer
     slots = assign_slots(cfg, rng)
@@ -99,24 +93,34 @@ def design_environments(
         top_p=cfg.top_p,
         seed=seed,
     )
-    texts = [tokenizer.decode(generation.tokens[i, : generation.lengths[i]]) for i in range(len(slots))]
-    archive = [record.code for record in memory.records()]
-    reports = reject_batch_duplicates(admit_batch(texts, config=admission, archive=archive, pool=pool), admission)
-    return [
-        DesignSample(
-            slot=i,
-            skill=skill,
-            difficulty=difficulty,
-            doc_id=doc.doc_id,
-            doc_excerpt=" ".join(doc.text.split()[:60]),
-            prompt_tokens=np.asarray(prompts[i], np.int32),
-            tokens=generation.tokens[i, : generation.lengths[i]],
-            logprobs=generation.logprobs[i, : generation.lengths[i]],
-            text=texts[i],
-            report=reports[i],
+    samples = []
+    for i, ((skill, difficulty), doc) in enumerate(zip(slots, documents)):
+        n = int(generation.lengths[i])
+        samples.append(
+            DesignSample(
+                slot=i,
+                skill=skill,
+                difficulty=difficulty,
+                doc_id=doc.doc_id,
+                doc_excerpt=" ".join(doc.text.split()[:60]),
+                prompt_tokens=np.asarray(prompts[i], np.int32),
+                tokens=generation.tokens[i, :n],
+                logprobs=generation.logprobs[i, :n],
+                text=tokenizer.decode(generation.tokens[i, :n]),
+            )
         )
-        for i, ((skill, difficulty), doc) in enumerate(zip(slots, documents))
-    ]
+    return samples
+
+
+def admit_samples(
+    samples: Sequence[DesignSample], pool, memory: EnvironmentMemory, admission: AdmissionConfig
+) -> list[DesignSample]:
+    """Runs staged admission on every sample at once (novelty against memory and the batch)."""
+    archive = [record.code for record in memory.records()]
+    reports = reject_batch_duplicates(
+        admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool), admission
+    )
+    return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]
 
 
 def reject_batch_duplicates(reports: Sequence[AdmissionReport], admission: AdmissionConfig) -> list[AdmissionReport]:

@@ -43,6 +43,7 @@ class ShardedPool:
 
     def __init__(self, local: SandboxPool):
         self.local = local
+        self.config = local.config
         self.isolation = local.isolation
         self.rank, self.size = jax.process_index(), jax.process_count()
         self._next_id = 0

@@ -26,7 +26,7 @@ from absl import logging
 from spade_jax.agent import EpisodeRequest, play_episodes, write_hints
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
-from spade_jax.designer.rollout import DesignSample, design_environments
+from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
 from spade_jax.rl import advantages as adv_lib
 from spade_jax.rl import rewards as rew_lib
@@ -221,19 +221,15 @@ class SelfPlay:
     def _design(self, it: int, metrics: dict, times: dict) -> list[DesignSample]:
         cfg = self.config
         start = time.perf_counter()
-        with phase_bar("design", 1, enabled=cfg.log.progress and self.main) as bar:
-            designs = design_environments(
-                self.policy,
-                self.pool,
-                self.memory,
-                self.corpus,
-                self.designer_cfg,
-                self.admission_cfg,
-                seed=derive_seed(cfg.seed, it, _PHASES["design"]),
+        with phase_bar("design", 2, enabled=cfg.log.progress and self.main) as bar:
+            designs = propose(
+                self.policy, self.memory, self.corpus, self.designer_cfg, seed=derive_seed(cfg.seed, it, _PHASES["design"])
             )
             bar.update(1)
-        times["design_s"] = time.perf_counter() - start
-        times["admission_s"] = sum(sum(d.report.timings.values()) for d in designs) / max(len(designs), 1)
+            times["design_s"] = time.perf_counter() - start
+            designs = admit_samples(designs, self.pool, self.memory, self.admission_cfg)
+            bar.update(1)
+        times["admission_s"] = time.perf_counter() - start - times["design_s"]
         self.state.pool = []
         for d in designs:
             env_id = f"it{it:04d}-slot{d.slot:02d}" if d.admitted else None
@@ -300,6 +296,7 @@ class SelfPlay:
                             env_key=e_index,
                             program=env.code,
                             seed=s,
+                            hinted=hinted,
                             hint=env.hint if hinted and self.hint_cfg.mode == "self" else None,
                             hint_from_solution=hinted and self.hint_cfg.mode == "solution",
                         )

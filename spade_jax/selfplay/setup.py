@@ -44,11 +44,7 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
         cache_dir = c.bootstrap.get("cache_dir") or os.path.join(workdir, "bootstrap")
         fields = {k: v for k, v in c.bootstrap.to_dict().items() if k != "cache_dir"}
         return bootstrap_policy(cache_dir, BootstrapConfig(**_tuples(fields)), mesh=mesh, progress=c.log.progress)
-    tokenizer = None
-    if c.model.tokenizer_path:
-        from spade_jax.models.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(c.model.tokenizer_path)
+    tokenizer = load_tokenizer(c.model.tokenizer_path) if c.model.tokenizer_path else None
     arch = dict(c.model.arch)
     if not arch.get("vocab_size"):
         if tokenizer is None:
@@ -57,6 +53,20 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
     model_config = ModelConfig(**arch, dtype=c.model.dtype, param_dtype=c.model.param_dtype)
     logging.info("random policy: %.2fM parameters", model_config.num_params / 1e6)
     return random_policy(model_config, tokenizer, seed=c.seed, mesh=mesh)
+
+
+def load_tokenizer(path: str):
+    """A tokenizer from a .gguf file, a Hugging Face directory, a SentencePiece .model, or 'packaged'."""
+    from spade_jax.models.tokenizer import HFTokenizer, SentencePieceTokenizer
+
+    path = packaged_smollm2_path() if path == "packaged" else path
+    if path.endswith(".gguf"):
+        return HFTokenizer.from_gguf(path)
+    if path.endswith(".model"):
+        return SentencePieceTokenizer(path)
+    if os.path.isdir(path):
+        return HFTokenizer.from_pretrained(path)
+    raise FileNotFoundError(f"config.model.tokenizer_path: {path} is not a .gguf, .model or tokenizer directory")
 
 
 def _tuples(d: dict) -> dict:
