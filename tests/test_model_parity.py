@@ -94,10 +94,11 @@ def _hf_model(family: str, fields: dict, seed: int = 0):
 
 
 _SAVED: dict = {}
+B, T = 3, 18  # one input shape for every parity check of a case: one compilation
 
 
 def _saved(name, tmp_path_factory):
-    """The case's transformers model and its save_pretrained directory (made once per module)."""
+    """The case's transformers model, its save_pretrained directory and our float32 load (once per module)."""
     if name not in _SAVED:
         family, fields, shard = CASES[name]
         model = _hf_model(family, fields)
@@ -106,14 +107,13 @@ def _saved(name, tmp_path_factory):
         if shard:
             assert (path / "model.safetensors.index.json").exists()
             assert len(list(path.glob("*.safetensors"))) > 2
-        _SAVED[name] = model, path
+        _SAVED[name] = name, model, path, load_pretrained(path, mesh=_one_device())
     return _SAVED[name]
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
-    model, path = _saved(request.param, tmp_path_factory)
-    return request.param, model, path, load_pretrained(path, mesh=_one_device())
+    return _saved(request.param, tmp_path_factory)
 
 
 def _max_diff(ours: np.ndarray, ref: torch.Tensor, where=None) -> float:
@@ -125,7 +125,7 @@ def _max_diff(ours: np.ndarray, ref: torch.Tensor, where=None) -> float:
 
 def test_logits_match_transformers_unpadded(case):
     name, model, _, policy = case
-    tokens_BT = np.random.default_rng(1).integers(0, 96, (3, 21))
+    tokens_BT = np.random.default_rng(1).integers(0, 96, (B, T))
     with torch.no_grad():
         ref = model(torch.tensor(tokens_BT)).logits
     diff = _max_diff(policy.logits(tokens_BT), ref)
@@ -137,10 +137,8 @@ def test_logits_match_transformers_unpadded(case):
 def test_logits_match_transformers_padded(case):
     """Left- and right-padded rows (segment id 0) against transformers' attention mask."""
     name, model, _, policy = case
-    rng = np.random.default_rng(2)
-    T = 17
-    tokens_BT = rng.integers(0, 96, (3, T))
-    segments_BT = np.ones((3, T), np.int32)
+    tokens_BT = np.random.default_rng(2).integers(0, 96, (B, T))
+    segments_BT = np.ones((B, T), np.int32)
     segments_BT[0, :5] = 0  # left padding
     segments_BT[1, 12:] = 0  # right padding
     positions_BT = np.maximum(np.cumsum(segments_BT, axis=1) - 1, 0)
@@ -157,29 +155,31 @@ def test_logits_match_transformers_padded(case):
 
 
 def test_packed_segments_match_separate_sequences(case):
-    """Two sequences packed in one row attend only within themselves."""
+    """Sequences packed in one row attend only within themselves."""
     name, model, _, policy = case
-    rng = np.random.default_rng(3)
-    first, second = rng.integers(0, 96, 7), rng.integers(0, 96, 9)
-    tokens_BT = np.concatenate([first, second, [0, 0]])[None]
-    segments_BT = np.array([[1] * 7 + [2] * 9 + [0, 0]])
+    lengths = [(7, 9), (10, 8), (4, 4, 10)]  # per row; the first row ends in 2 padding tokens
+    tokens_BT = np.random.default_rng(3).integers(0, 96, (B, T))
+    segments_BT = np.zeros((B, T), np.int32)
+    for b, row in enumerate(lengths):
+        segments_BT[b, : sum(row)] = np.repeat(np.arange(1, len(row) + 1), row)
     ours = policy.logits(tokens_BT, segments_BT)
-    with torch.no_grad():
-        ref_first = model(torch.tensor(first[None])).logits
-        ref_second = model(torch.tensor(second[None])).logits
-    diff = max(_max_diff(ours[:, :7], ref_first), _max_diff(ours[:, 7:16], ref_second))
+    diff = 0.0
+    for b, row in enumerate(lengths):
+        for start, n in zip(np.cumsum([0, *row[:-1]]), row):
+            with torch.no_grad():
+                ref = model(torch.tensor(tokens_BT[b : b + 1, start : start + n])).logits
+            diff = max(diff, _max_diff(ours[b : b + 1, start : start + n], ref))
     print(f"{name} packed: max |diff| {diff:.2e}")
     assert diff <= TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["llama-gqa1-untied", "qwen3-gqa4-headdim-untied-sharded"])
 def test_bfloat16_load_keeps_predictions(name, tmp_path_factory):
-    _, path = _saved(name, tmp_path_factory)
-    policy = load_pretrained(path, mesh=_one_device())
+    _, _, path, policy = _saved(name, tmp_path_factory)
     bf16 = load_pretrained(path, dtype="bfloat16", mesh=_one_device(), tokenizer=False)
     assert bf16.config.param_dtype == "bfloat16" and bf16.config.dtype == "bfloat16"
     assert bf16.model.embed_VD[...].dtype == jax.numpy.bfloat16
-    tokens_BT = np.random.default_rng(4).integers(0, 96, (2, 11))
+    tokens_BT = np.random.default_rng(4).integers(0, 96, (B, T))
     full, half = policy.logits(tokens_BT), bf16.logits(tokens_BT)
     scale = np.abs(full).max()
     assert np.abs(full - half).max() <= 0.1 * scale
@@ -427,10 +427,12 @@ class _FakeTerminal(io.StringIO):
         return True
 
 
-def test_progress_bar_only_when_asked_on_a_terminal(saved_llama, monkeypatch, capsys):
+def test_progress_bar_only_when_asked_on_a_terminal(saved_llama, monkeypatch):
     from spade_jax.models import loading
 
     monkeypatch.setattr(loading, "_PROGRESS_MIN_BYTES", 0)  # the test checkpoint counts as big
+    stdout = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
     outputs = {}
     for name, stream, progress in [
         ("terminal", _FakeTerminal(), True),
@@ -442,7 +444,7 @@ def test_progress_bar_only_when_asked_on_a_terminal(saved_llama, monkeypatch, ca
         outputs[name] = stream.getvalue()
     assert "loading weights" in outputs["terminal"]
     assert outputs["terminal, progress=False"] == "" and outputs["not a terminal"] == ""
-    assert capsys.readouterr().out == ""  # load_pretrained prints nothing
+    assert stdout.getvalue() == ""  # load_pretrained prints nothing
 
 
 def test_bfloat16_checkpoint_loads_exactly(tmp_path):
