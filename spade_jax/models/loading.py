@@ -401,6 +401,7 @@ def load_pretrained(
     mesh: Mesh | None = None,
     rules: Rules = TRAIN_RULES,
     *,
+    param_dtype: str | None = None,
     tokenizer: bool = True,
     progress: bool = True,
 ) -> Policy:
@@ -408,7 +409,8 @@ def load_pretrained(
 
     `path` is a Hugging Face directory (config.json + *.safetensors, sharded or not,
     tokenizer files optional) or a `.gguf` file (dequantised). `dtype` ("float32" or
-    "bfloat16") is both parameter and compute dtype. With `tokenizer=False`, or for a
+    "bfloat16") is the compute dtype and, unless `param_dtype` says otherwise (float32
+    master weights with bfloat16 compute, say), the parameter dtype. With `tokenizer=False`, or for a
     directory without tokenizer files, `policy.tokenizer` is None. A progress bar is
     shown for big checkpoints when stderr is a terminal and `progress` is true.
     """
@@ -417,8 +419,9 @@ def load_pretrained(
     if not path.exists():
         raise CheckpointError(f"checkpoint path {path} does not exist")
     dtype = jnp.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    if dtype not in SUPPORTED_DTYPES:
-        raise CheckpointError(f"unsupported dtype {dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    for value in (dtype, param_dtype or dtype):
+        if value not in SUPPORTED_DTYPES:
+            raise CheckpointError(f"unsupported dtype {value!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
     if path.is_file() and path.suffix == ".gguf":
         config, checkpoint = _open_gguf(path, dtype)
     elif path.is_dir():
@@ -427,6 +430,8 @@ def load_pretrained(
         raise CheckpointError(
             f"{path} is neither a Hugging Face model directory nor a .gguf file"
         )
+    if param_dtype:
+        config = config.replace(param_dtype=param_dtype)
     mesh = mesh or make_mesh((1, 1, 1), jax.devices()[:1])
     targets = _targets(config)
     _check(checkpoint, targets, config, path)

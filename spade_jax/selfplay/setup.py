@@ -37,7 +37,7 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
 
     if c.model.source == "pretrained":
         path = packaged_smollm2_path() if c.model.path == "packaged" else c.model.path
-        return load_pretrained(path, dtype=c.model.dtype, mesh=mesh)
+        return load_pretrained(path, dtype=c.model.dtype, param_dtype=c.model.param_dtype, mesh=mesh, progress=c.log.progress)
     if c.model.source == "bootstrap":
         from spade_jax.selfplay.bootstrap import BootstrapConfig, bootstrap_policy
 
