@@ -36,3 +36,14 @@ def smollm2_policy(smollm2_gguf_path):
     from spade_jax.models import load_pretrained, make_mesh
 
     return load_pretrained(smollm2_gguf_path, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(tmp_path_factory):
+    """A 512-piece SentencePiece tokenizer (ChatML) trained on the seed library, for small random models."""
+    from spade_jax.envs import library
+    from spade_jax.models.tokenizer import SentencePieceTokenizer
+
+    texts = [library.load_source(env.name) for env in library.SEED_ENVS]
+    prefix = tmp_path_factory.mktemp("small_tokenizer") / "sp"
+    return SentencePieceTokenizer.train(texts, vocab_size=512, model_prefix=prefix)

@@ -18,7 +18,7 @@ from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import Conversation
 from spade_jax.envs.contract import is_success
 from spade_jax.rl.rewards import episode_rewards
-from spade_jax.sampling import generate
+from spade_jax.sampling import Generation, generate
 from spade_jax.sandbox import EpisodeSpec
 
 AGENT_SYSTEM_PROMPT = (
@@ -109,8 +109,13 @@ def play_episodes(
     *,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    sample: Callable[..., Generation] = generate,
 ) -> list[Trajectory]:
-    """Plays every request to the end; trajectories come back in request order."""
+    """Plays every request to the end; trajectories come back in request order.
+
+    `sample` has the signature of `spade_jax.sampling.generate`; tests and external
+    agents may pass their own.
+    """
     if not requests:
         return []
     tokenizer = policy.tokenizer
@@ -142,7 +147,7 @@ def play_episodes(
         live = [e for e in live if not e.end_reason]
         if not live:
             break
-        generation = generate(
+        generation = sample(
             policy,
             [e.conversation.tokens for e in live],
             max_new_tokens=cfg.max_new_tokens,

@@ -57,8 +57,7 @@ class SelfPlay:
         self.config = config
         self.workdir = os.path.abspath(workdir)
         self.main = is_main_process()
-        mesh = setup.mesh_from_config(config)
-        self.policy = policy or setup.build_policy(config, self.workdir, mesh)
+        self.policy = policy or setup.build_policy(config, self.workdir, setup.mesh_from_config(config))
         if self.policy.tokenizer is None:
             raise ValueError("self-play needs a policy with a tokenizer")
         self.trainer = Trainer(self.policy, setup.optim_config(config), setup.loss_config(config))
@@ -414,6 +413,12 @@ class SelfPlay:
                 bar.update(1)
         metrics["sequences"] = batch.num_sequences
         metrics["truncated_sequences"] = batch.truncated_sequences
+        if batch.truncated_sequences:
+            logging.warning(
+                "%d sequences were longer than rl.row_length=%d and were cut; raise rl.row_length",
+                batch.truncated_sequences,
+                rl.row_length,
+            )
         return metrics
 
     def _remember(self, it, envs, stats, designer_rewards, designs, trajectories) -> list[dict]:

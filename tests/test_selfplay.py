@@ -1,0 +1,163 @@
+"""The algorithm end to end: regret from real sandboxed plays, one full self-play iteration."""
+
+import dataclasses
+import math
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.models import ModelConfig, make_mesh, random_policy
+from spade_jax.rl import rewards
+from spade_jax.sampling import Generation, GenerationStats
+from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.selfplay import loop
+from spade_jax.selfplay.config import base_config
+
+SECRET_ENV = r'''
+import random
+from spade_jax.envs import SUCCESS_REWARD, extract_boxed
+
+WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "haven", "inlet", "jolly"]
+
+
+class SecretEnv:
+    def __init__(self, max_turns=1, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        self.secret = random.Random(seed).choice(WORDS)
+        return "Guess the secret word, one of: " + ", ".join(WORDS) + ". Answer in \\boxed{}.", {}
+
+    def step(self, action):
+        won = extract_boxed(action) == self.secret
+        return ("Right." if won else "Wrong."), (SUCCESS_REWARD if won else 0.0), True, False, {}
+
+    def solution(self):
+        return "\\boxed{" + self.secret + "}"
+'''
+EASY_ENV = SECRET_ENV.replace("won = extract_boxed(action) == self.secret", "won = True")
+IMPOSSIBLE_ENV = SECRET_ENV.replace("won = extract_boxed(action) == self.secret", "won = False")
+HINT_MARK = "A winning first action is "
+
+
+def scripted_sample(policy, prompts, *, max_new_tokens, seed, **unused):
+    """A stand-in for the sampler: follows a hint when it sees one, else guesses by seed."""
+    tok = policy.tokenizer
+    words = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "haven", "inlet", "jolly"]
+    rows = []
+    for i, prompt in enumerate(prompts):
+        text = tok.decode(prompt)
+        if HINT_MARK in text:
+            reply = text.split(HINT_MARK)[-1].split("<|im_end|>")[0].strip()
+        else:
+            reply = "\\boxed{" + words[(seed + 7 * i) % len(words)] + "}"
+        rows.append(tok.encode(reply)[: max_new_tokens - 1] + [tok.eos_token_ids[0]])
+    width = max(len(r) for r in rows)
+    tokens = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = r
+    lengths = np.array([len(r) for r in rows], np.int32)
+    return Generation(
+        tokens=tokens,
+        logprobs=np.zeros(tokens.shape, np.float32),
+        lengths=lengths,
+        finished=np.ones(len(rows), bool),
+        stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=width, bucket=(len(rows), 0, width)),
+    )
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(SandboxConfig(num_workers=2)) as p:
+        yield p
+
+
+def _stats(pool, tokenizer, program, k=16):
+    policy = types.SimpleNamespace(tokenizer=tokenizer)
+    requests = [
+        EpisodeRequest(0, program, seed, hinted=hinted, hint_from_solution=hinted)
+        for hinted in (False, True)
+        for seed in range(k)
+    ]
+    trajectories = play_episodes(
+        policy, pool, requests, AgentConfig(max_turns=1, max_new_tokens=16, context_budget=512), sample=scripted_sample
+    )
+    plain = [t for t in trajectories if not t.hinted]
+    hinted = [t for t in trajectories if t.hinted]
+    return rewards.env_stats(
+        [t.reward for t in plain],
+        [t.reward for t in hinted],
+        plain_seeds=[t.request.seed for t in plain],
+        hinted_seeds=[t.request.seed for t in hinted],
+    ), trajectories
+
+
+def test_hint_that_carries_the_strategy_gives_positive_regret(pool, small_tokenizer):
+    stats, trajectories = _stats(pool, small_tokenizer, SECRET_ENV)
+    assert stats.hinted_win_rate == 1.0
+    assert 0.0 < stats.win_rate < 0.5
+    assert stats.regret == pytest.approx(1.0 - stats.win_rate)
+    hinted = next(t for t in trajectories if t.hinted)
+    assert "HINT: " + HINT_MARK in hinted.messages[1]["content"]
+    # the trained tokens are exactly the reply the agent produced
+    assert small_tokenizer.decode(hinted.tokens[hinted.loss_mask]).startswith("\\boxed{")
+
+
+@pytest.mark.parametrize("program, win_rate", [(EASY_ENV, 1.0), (IMPOSSIBLE_ENV, 0.0)])
+def test_trivial_or_impossible_environment_has_zero_regret_and_zero_blend(pool, small_tokenizer, program, win_rate):
+    stats, _ = _stats(pool, small_tokenizer, program)
+    assert stats.win_rate == win_rate and stats.regret == 0.0
+    # blend = 0.4 * clip(0 / 0.15) + 0.6 * plateau(p): plateau(0) = plateau(1) = 0
+    assert rewards.designer_reward(stats) == 0.0
+
+
+def tiny_selfplay_config():
+    c = base_config()
+    c.num_iterations = 1
+    c.model.source = "random"
+    c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+    c.mesh.shape = (1, 1, 1)
+    c.corpus.max_words = 20
+    c.designer.num_slots = 2
+    c.designer.max_new_tokens = 24
+    c.memory.max_code_lines = 4
+    c.agent.episodes_per_env = 2
+    c.agent.max_turns = 2
+    c.agent.max_new_tokens = 8
+    c.agent.context_budget = 768
+    c.agent.replay_envs = 2
+    c.hints.mode = "self"
+    c.hints.max_new_tokens = 8
+    c.rl.row_length = 4096  # the designer prompt alone is ~2k tokens with a 512-piece vocabulary
+    c.rl.lr = 1e-3
+    c.log.progress = False
+    return c
+
+
+def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokenizer):
+    c = tiny_selfplay_config()
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    before = jax.tree.map(np.asarray, policy.model.embed_VD[...])
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        history = run.run()
+    finally:
+        run.close()
+    (metrics,) = history
+    # designer prompts built, programs sampled and judged
+    assert metrics["designer/proposed"] == 2
+    # agent episodes: 2 replayed seed environments x (2 plain + 2 hinted)
+    assert metrics["agent/episodes"] == 8
+    # one update applied over designer and agent tokens
+    assert metrics["train/tokens"] > 0 and metrics["train/designer_tokens"] > 0
+    assert not np.allclose(before, np.asarray(policy.model.embed_VD[...]))
+    # memory updated: the replayed seeds now carry measured statistics
+    measured = [r for r in run.memory.records() if r.measured]
+    assert len(measured) == 2
+    numbers = [v for k, v in metrics.items() if not k.startswith("agent/hinted") and isinstance(v, float)]
+    assert all(math.isfinite(v) for v in numbers), metrics
+    assert (tmp_path / "gallery" / "index.html").exists() and (tmp_path / "checkpoints" / "1").exists()
