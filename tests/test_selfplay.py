@@ -161,3 +161,68 @@ def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokeniz
     numbers = [v for k, v in metrics.items() if not k.startswith("agent/hinted") and isinstance(v, float)]
     assert all(math.isfinite(v) for v in numbers), metrics
     assert (tmp_path / "gallery" / "index.html").exists() and (tmp_path / "checkpoints" / "1").exists()
+
+
+def _admit_everything_as(program):
+    """An admission stand-in: every designer sample becomes `program`, admitted."""
+    from spade_jax.sandbox.admission import AdmissionReport
+
+    def admit(samples, pool, memory, admission):
+        report = AdmissionReport(admitted=True, stage="novelty", reason="", code=program)
+        return [dataclasses.replace(s, report=report) for s in samples]
+
+    return admit
+
+
+@pytest.mark.parametrize("reply, kept", [("no, the reward is wrong", False), ("yes", True)])
+def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer, monkeypatch, reply, kept):
+    from spade_jax.envs import library
+
+    c = tiny_selfplay_config()
+    c.designer.self_review = True
+    c.agent.replay_envs = 0
+    monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
+    calls = []
+
+    def scripted_review(policy, programs, transcripts, **kw):
+        calls.append((programs, transcripts))
+        return [(reply.startswith("yes"), reply)] * len(programs)
+
+    monkeypatch.setattr(loop, "review", scripted_review)
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        (metrics,) = run.run()
+    finally:
+        run.close()
+    (programs, transcripts), = calls
+    assert len(programs) == 2 and all(t[1]["role"] == "user" for t in transcripts)
+    assert metrics["designer/review_rejected"] == (0 if kept else 2)
+    # episodes of rejected environments are neither trained on nor counted
+    assert metrics["agent/episodes"] == (8 if kept else 0)
+    # rejected designs earn the failure penalty; kept ones are measured and remembered
+    if kept:
+        assert metrics["designer/reward_mean"] > -1.0 and len(run.memory) == 17 + 2
+    else:
+        assert metrics["designer/reward_mean"] == -1.0 and len(run.memory) == 17
+    lines = [r for r in run_log(tmp_path) if r.get("slot") is not None]
+    assert {r["admitted"] for r in lines} == {kept}
+    assert all((r["stage"] == "self_review") != kept for r in lines)
+
+
+def run_log(workdir):
+    from spade_jax.selfplay.report import EnvLog
+
+    return EnvLog(workdir).read()
+
+
+def test_review_parses_yes_no_from_a_real_sampler(small_tokenizer):
+    from spade_jax.designer.review import accepts, review
+
+    assert accepts(" Yes, it works") and not accepts("no") and not accepts("maybe yes")
+    config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16)
+    policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    out = review(policy, ["class AEnv: pass"] * 2, [[{"role": "user", "content": "hi"}]] * 2, max_new_tokens=4)
+    assert len(out) == 2 and all(isinstance(k, bool) and isinstance(r, str) for k, r in out)

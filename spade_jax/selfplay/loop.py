@@ -26,6 +26,7 @@ from absl import logging
 from spade_jax.agent import EpisodeRequest, play_episodes, write_hints
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.review import review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
 from spade_jax.rl import advantages as adv_lib
@@ -197,6 +198,11 @@ class SelfPlay:
         trajectories = self._play(envs, it)
         times["episodes_s"] = time.perf_counter() - start
         self._checkpoint_phase()
+        review_rejected: dict[str, str] = {}
+        if cfg.designer.self_review:
+            start = time.perf_counter()
+            trajectories, review_rejected = self._self_review(envs, trajectories, it, metrics)
+            times["review_s"] = time.perf_counter() - start
 
         agent_sequences, env_stats = self._agent_sequences(envs, trajectories, metrics)
         designer_sequences, designer_rewards = self._designer_sequences(it, metrics)
@@ -206,7 +212,7 @@ class SelfPlay:
         times["update_s"] = time.perf_counter() - start
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
 
-        env_records = self._remember(it, envs, env_stats, designer_rewards, designs, trajectories)
+        env_records = self._remember(it, envs, env_stats, designer_rewards, designs, trajectories, review_rejected)
         if it % cfg.designer.regeneration_period == cfg.designer.regeneration_period - 1:
             self.state.pool = []
         metrics["memory/size"] = len(self.memory)
@@ -311,6 +317,35 @@ class SelfPlay:
                 seed=derive_seed(self.config.seed, it, _PHASES["episodes"]),
                 progress=bar.update,
             )
+
+    def _self_review(self, envs, trajectories, it: int, metrics: dict):
+        """The policy judges each environment designed this iteration from its source and one
+        plain episode; rejected ones leave the pool, their episodes are dropped and their
+        designer samples get the failure penalty."""
+        new = [i for i, e in enumerate(envs) if not e.is_replay and e.design_iteration == it]
+        samples = {}
+        for t in trajectories:
+            if t.request.env_key in new and not t.hinted:
+                samples.setdefault(t.request.env_key, t)
+        judged = [i for i in new if i in samples]
+        verdicts = review(
+            self.policy,
+            [envs[i].code for i in judged],
+            [samples[i].messages for i in judged],
+            max_new_tokens=self.config.designer.review_max_new_tokens,
+            seed=derive_seed(self.config.seed, it, _PHASES["review"]),
+        )
+        rejected = {envs[i].env_id: reply for i, (kept, reply) in zip(judged, verdicts) if not kept}
+        metrics["designer/review_rejected"] = len(rejected)
+        if not rejected:
+            return trajectories, rejected
+        self.state.pool = [e for e in self.state.pool if e.env_id not in rejected]
+        for p in self.state.pending:
+            if p.env_id in rejected:
+                p.stage, p.reason = "self_review", f"the policy judged it broken: {rejected[p.env_id]!r}"
+                p.env_id = None
+        dropped = {i for i, e in enumerate(envs) if e.env_id in rejected}
+        return [t for t in trajectories if t.request.env_key not in dropped], rejected
 
     def _agent_sequences(self, envs, trajectories, metrics) -> tuple[list[TrainSequence], list]:
         cfg = self.config
@@ -421,7 +456,7 @@ class SelfPlay:
             )
         return metrics
 
-    def _remember(self, it, envs, stats, designer_rewards, designs, trajectories) -> list[dict]:
+    def _remember(self, it, envs, stats, designer_rewards, designs, trajectories, review_rejected) -> list[dict]:
         """Adds or updates memory records and returns this iteration's environment log lines."""
         records = []
         sample_of = {}
@@ -479,6 +514,8 @@ class SelfPlay:
                 reason=d.report.reason,
                 timings=d.report.timings,
             )
+            if env_id in review_rejected:
+                base.update(stage="self_review", reason=f"the policy judged it broken: {review_rejected[env_id]!r}")
             if line is not None:
                 line.update(base)
             else:
@@ -490,7 +527,7 @@ class SelfPlay:
                         skill=d.skill,
                         doc_id=d.doc_id,
                         code=d.report.code or d.text,
-                        admitted=d.admitted,
+                        admitted=d.admitted and env_id not in review_rejected,
                         is_seed=False,
                     )
                 )

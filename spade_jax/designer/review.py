@@ -1,0 +1,63 @@
+"""Optional self-review of admitted environments (as EvoEnv and the reference's validator).
+
+The policy reads an environment's source and one episode the agent played in it and
+answers yes or no: is the environment correct, solvable and sensibly rewarded? Only a
+reply that starts with "yes" keeps the environment. One batched sampler call reviews
+every new environment of an iteration. Off by default (`designer.self_review`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from spade_jax.sampling import generate
+
+REVIEW_SYSTEM_PROMPT = "You check training environments for a reasoning agent."
+REVIEW_INSTRUCTIONS = (
+    "Environment source:\n```python\n{code}\n```\n\nOne episode an agent played in it:\n{transcript}\n\n"
+    "Is this environment correct, solvable and sensibly rewarded? Answer yes or no."
+)
+
+
+def render_transcript(messages: Sequence[dict], max_chars: int) -> str:
+    """The non-system turns of an episode as `role: content` lines, cut to `max_chars`."""
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
+    return text if len(text) <= max_chars else text[:max_chars] + "\n[... cut]"
+
+
+def accepts(reply: str) -> bool:
+    return reply.strip().lower().startswith("yes")
+
+
+def review(
+    policy,
+    programs: Sequence[str],
+    transcripts: Sequence[Sequence[dict]],
+    *,
+    max_new_tokens: int = 8,
+    max_code_chars: int = 6000,
+    max_transcript_chars: int = 2000,
+    seed: int = 0,
+) -> list[tuple[bool, str]]:
+    """`(kept, reply)` for each program, judged by the policy (greedy)."""
+    if not programs:
+        return []
+    tokenizer = policy.tokenizer
+    prompts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": REVIEW_SYSTEM_PROMPT},
+                {
+                    "role": "user",
+                    "content": REVIEW_INSTRUCTIONS.format(
+                        code=code[:max_code_chars], transcript=render_transcript(messages, max_transcript_chars)
+                    ),
+                },
+            ],
+            add_generation_prompt=True,
+        )
+        for code, messages in zip(programs, transcripts)
+    ]
+    generation = generate(policy, prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed)
+    replies = [tokenizer.decode(generation.tokens[i, : generation.lengths[i]]) for i in range(len(programs))]
+    return [(accepts(r), r.strip()) for r in replies]
