@@ -12,6 +12,8 @@ so a resumed run repeats an uninterrupted one exactly.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import signal
@@ -126,6 +128,8 @@ class SelfPlay:
             self.checkpointer.wait()
             if metrics_writer:
                 metrics_writer.close()
+        if jax.process_count() > 1:
+            print(f"process {jax.process_index()} state digest {self.state_digest()}", flush=True)
         return self.state.history
 
     def close(self) -> None:
@@ -140,8 +144,22 @@ class SelfPlay:
         self.trainer.load_state_dict(train)
         self._load_meta(meta)
         self._saved_step = step
-        logging.info("resumed from checkpoint %d (next iteration %d)", step, self.state.iteration)
+        if self.main:
+            print(f"resumed from checkpoint {step} in {self.workdir}", flush=True)
         return True
+
+    def state_digest(self) -> str:
+        """A hash of the host-side run state (metric history without timings, memory, corpus cursor).
+
+        Every process of a multi-process run computes it from gathered results, so equal
+        digests mean the processes agree.
+        """
+        history = [
+            {k: v for k, v in m.items() if not (k.startswith("time/") or "per_s" in k or k.endswith("time_s"))}
+            for m in self.state.history
+        ]
+        payload = json.dumps([history, self.memory.to_state(), self.corpus.state()], sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def _meta(self) -> dict:
         return {
