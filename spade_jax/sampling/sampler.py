@@ -139,7 +139,7 @@ def generate(
     batch = pad_prompts(prompts, batch=B, length=T, pad_id=pad_id, vocab_size=cfg.vocab_size)
     stops = np.full((bucket(len(stop_token_ids), 4),), -1, np.int32)
     stops[: len(stop_token_ids)] = np.asarray(stop_token_ids, np.int32)
-    truncate = temperature > 0 and (top_k > 0 or top_p < 1)
+    truncate = top_k > 0 or top_p < 1
 
     graphdef, state = nnx.split(policy.model)
     host = _host_inputs(batch, stops, seed, max_new_tokens, temperature, top_p, top_k, pad_id)
@@ -290,10 +290,8 @@ def _decode(
     row_keys_B = jax.vmap(lambda r: jax.random.fold_in(base_key, r))(row_ids_B)
 
     def choose(logits_BV, step):
-        uniform_B = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step)))(row_keys_B)
-        tokens_B = select_tokens(
-            logits_BV, uniform_B, temperature, top_k, top_p, truncate=truncate
-        )
+        step_keys_B = jax.vmap(lambda k: jax.random.fold_in(k, step))(row_keys_B)
+        tokens_B = select_tokens(logits_BV, step_keys_B, temperature, top_k, top_p, truncate=truncate)
         return tokens_B, token_logprobs(logits_BV, tokens_B)
 
     def record(carry, step, tokens_B, logprobs_B):

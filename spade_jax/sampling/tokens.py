@@ -1,8 +1,9 @@
 """Next-token selection from logits: temperature, top-k, top-p, greedy; log-probs of chosen tokens.
 
 Pure functions over `(B, V)` float32 logits, used inside the jitted decode loop.
-Randomness is one uniform number per row (inverse-CDF sampling), so drawing a
-token costs a cumulative sum over the vocabulary, not `V` random numbers.
+Sampling is Gumbel-max: argmax(logits / T + Gumbel noise) is an exact draw from
+softmax(logits / T), and tokens masked to -inf are never drawn. The formulations
+avoid the slow paths of XLA:CPU (a variadic argmax reduction, a comparator sort).
 """
 
 from __future__ import annotations
@@ -11,43 +12,68 @@ import jax
 import jax.numpy as jnp
 
 
+def first_argmax(x_BV: jax.Array) -> jax.Array:
+    """Index of the first maximum per row (as `jnp.argmax`), from two plain reductions."""
+    V = x_BV.shape[-1]
+    is_max_BV = x_BV == jnp.max(x_BV, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(is_max_BV, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+
+
 def filter_logits(scaled_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """Masks (to -inf) tokens outside the top-k, then outside the top-p nucleus of what remains.
 
     `scaled_BV` are temperature-scaled logits. `top_k <= 0` keeps every token; `top_p >= 1`
     keeps the whole (top-k) distribution. Tokens tied with the last kept value are kept too.
+
+    Rather than sorting the vocabulary (XLA:CPU's sort is slow), each cut is found by
+    bisection over the order-preserving integer image of the float logits: the kept set
+    is `{logit >= threshold}`, with the threshold the largest key that still keeps k
+    tokens (top-k) or probability mass >= p (top-p). 32 halvings pin it down exactly.
     """
-    V = scaled_BV.shape[-1]
-    sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
-    rank_V = jnp.arange(V)
-    in_top_k = (top_k <= 0) | (rank_V < top_k)
-    sorted_BV = jnp.where(in_top_k[None], sorted_BV, -jnp.inf)
-    probs_BV = jax.nn.softmax(sorted_BV, axis=-1)
-    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    keep_BV = in_top_k[None] & ((mass_before_BV < top_p) | (rank_V == 0)[None])
-    last_kept_B = jnp.sum(keep_BV, axis=-1) - 1
-    threshold_B = jnp.take_along_axis(sorted_BV, last_kept_B[:, None], axis=-1)
-    return jnp.where(scaled_BV >= threshold_B, scaled_BV, -jnp.inf)
+    keys_BV = _ordered_keys(scaled_BV)
+
+    def top_k_threshold():
+        k = jnp.minimum(top_k, scaled_BV.shape[-1])
+        return _largest_key_where(lambda m_B1: jnp.sum(keys_BV >= m_B1, axis=-1) >= k, keys_BV)
+
+    keep_min_B = jax.lax.cond(top_k > 0, top_k_threshold, lambda: jnp.zeros(keys_BV.shape[:1], jnp.uint32))
+    weights_BV = jnp.where(keys_BV >= keep_min_B[:, None], jnp.exp(scaled_BV - jnp.max(scaled_BV, -1, keepdims=True)), 0.0)
+
+    def top_p_threshold():
+        needed_B = top_p * jnp.sum(weights_BV, axis=-1)
+        mass = lambda m_B1: jnp.sum(jnp.where(keys_BV >= m_B1, weights_BV, 0.0), axis=-1)
+        return _largest_key_where(lambda m_B1: mass(m_B1) >= needed_B, keys_BV)
+
+    keep_min_B = jax.lax.cond(top_p < 1, top_p_threshold, lambda: keep_min_B)
+    return jnp.where(keys_BV >= keep_min_B[:, None], scaled_BV, -jnp.inf)
 
 
-def sample_from_logits(logits_BV: jax.Array, uniform_B: jax.Array) -> jax.Array:
-    """Index drawn from softmax(logits) by inverse CDF, given one uniform in [0, 1) per row.
+def _ordered_keys(x_BV: jax.Array) -> jax.Array:
+    """uint32 keys with the order of the float32 values (-inf smallest)."""
+    bits = jax.lax.bitcast_convert_type(x_BV.astype(jnp.float32), jnp.int32)
+    bits = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.uint32) ^ jnp.uint32(0x80000000)
 
-    Tokens of probability zero (masked to -inf) are never drawn.
+
+def _largest_key_where(holds, keys_BV: jax.Array) -> jax.Array:
+    """Per row, the largest key m with `holds(m)`, for a predicate that holds up to some key.
+
+    The search starts from the row's smallest key, where the predicates used here hold.
     """
-    probs_BV = jax.nn.softmax(logits_BV.astype(jnp.float32), axis=-1)
-    cdf_BV = jnp.cumsum(probs_BV, axis=-1)
-    target_B1 = (uniform_B * cdf_BV[:, -1])[:, None]
-    index_B = jnp.sum(cdf_BV <= target_B1, axis=-1)
-    # Rounding can push the target onto the total; fall back to the last token with mass.
-    V = logits_BV.shape[-1]
-    last_positive_B = V - 1 - jnp.argmax(probs_BV[:, ::-1] > 0, axis=-1)
-    return jnp.minimum(index_B, last_positive_B).astype(jnp.int32)
+    def halve(_, bounds):
+        lo_B, hi_B = bounds
+        gap_B = hi_B - lo_B
+        mid_B = lo_B + gap_B // 2 + gap_B % 2  # upper middle, no uint32 overflow
+        ok_B = holds(mid_B[:, None])
+        return jnp.where(ok_B, mid_B, lo_B), jnp.where(ok_B, hi_B, mid_B - 1)
+
+    bounds = (jnp.min(keys_BV, axis=-1), jnp.max(keys_BV, axis=-1))
+    return jax.lax.fori_loop(0, 32, halve, bounds)[0]
 
 
 def select_tokens(
     logits_BV: jax.Array,
-    uniform_B: jax.Array,
+    keys_B: jax.Array,
     temperature: jax.Array,
     top_k: jax.Array,
     top_p: jax.Array,
@@ -56,16 +82,22 @@ def select_tokens(
 ) -> jax.Array:
     """Next token per row: argmax when `temperature` is 0, else a draw from the tempered softmax.
 
-    `truncate` (static) adds the top-k / top-p filter, which sorts the vocabulary; greedy and
-    plain sampling share one program since temperature is a traced value.
+    `keys_B` holds one PRNG key per row, so a row's draw does not depend on the other rows.
+    `truncate` (static) adds the top-k / top-p filter (a few dozen passes over the logits);
+    greedy and plain sampling share one program since temperature is a traced value.
     """
     logits_BV = logits_BV.astype(jnp.float32)
     greedy = temperature == 0
     scaled_BV = logits_BV / jnp.where(greedy, 1.0, temperature)
     if truncate:
         scaled_BV = filter_logits(scaled_BV, top_k, top_p)
-    sampled_B = sample_from_logits(scaled_BV, uniform_B)
-    return jnp.where(greedy, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
+    V = logits_BV.shape[-1]
+    noise_BV = jax.lax.cond(
+        greedy,
+        lambda: jnp.zeros_like(scaled_BV),
+        lambda: jax.vmap(lambda key: jax.random.gumbel(key, (V,), jnp.float32))(keys_B),
+    )
+    return first_argmax(scaled_BV + noise_BV)
 
 
 def token_logprobs(logits_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:
