@@ -6,6 +6,11 @@ serves training (no cache), prefill and decode (with a `KVCache`):
 
     logits_BTV, cache = model(tokens_BT, positions_BT, segment_ids_BT, cache=None)
 
+Without a cache (training), attention runs in causal query blocks that skip future
+keys (`causal_self_attention`), and each block may be rematerialised in the backward
+pass (`remat`, see `REMAT_POLICIES`): the scan then keeps only what the policy saves
+per layer instead of every intermediate, including the attention probabilities.
+
 `segment_ids_BT` is 0 for padding and >0 for real tokens; a token attends to
 earlier tokens of the same segment, so packed training rows and padded prompts
 both work. With a cache, new tokens are written at slots
@@ -29,6 +34,15 @@ from spade_jax.models.sharding import constrain
 
 _MASKED = -1e30
 _CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+
+# What a rematerialised block keeps for the backward pass: "none" = everything (no remat),
+# "dots" = outputs of the weight matmuls (attention scores, softmax and elementwise ops are
+# recomputed), "full" = only the block's input (the whole block is recomputed).
+REMAT_POLICIES = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
 
 
 class KVCache(NamedTuple):
@@ -117,6 +131,30 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
     return out_BTKGH.reshape(B, T, N, H)
 
 
+def causal_self_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT):
+    """`attention` of a sequence over itself, causal, in query blocks that skip future keys.
+
+    Query block `[s, e)` reads keys `[0, e)` only, as every later key is masked for it:
+    close to half the work of the full `(T, T)` product, and smaller working sets. The
+    result equals `attention` at every query with at least one visible key; a query that
+    sees none (padding, segment 0) gets a different meaningless average, which nothing reads.
+    """
+    T = q_BTNH.shape[1]
+    block = _query_block(T)
+    if block >= T:
+        return attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT)
+    outs = []
+    for start in range(0, T, block):
+        end = min(start + block, T)
+        outs.append(attention(q_BTNH[:, start:end], k_BTKH[:, :end], v_BTKH[:, :end], mask_BTT[:, start:end, :end]))
+    return jnp.concatenate(outs, axis=1)
+
+
+def _query_block(T: int) -> int:
+    """128 queries per block (fastest on CPU at 1-2k tokens), at most 16 blocks (bounded program size)."""
+    return max(128, -(-T // 16))
+
+
 def embed_lookup(embed_VD, tokens_BT):
     """Embedding rows of `tokens_BT`, as `(B, T, D)` activations.
 
@@ -199,8 +237,10 @@ class Transformer(nnx.Module):
         positions_BT: jax.Array,
         segment_ids_BT: jax.Array,
         cache: KVCache | None = None,
+        *,
+        remat: str = "none",
     ) -> tuple[jax.Array, KVCache | None]:
-        hidden_BTD, new_cache = self.hidden_and_cache(tokens_BT, positions_BT, segment_ids_BT, cache)
+        hidden_BTD, new_cache = self.hidden_and_cache(tokens_BT, positions_BT, segment_ids_BT, cache, remat=remat)
         return self.logits_from_hidden(hidden_BTD), new_cache
 
     def logits_from_hidden(self, hidden_BTD: jax.Array) -> jax.Array:
@@ -210,8 +250,14 @@ class Transformer(nnx.Module):
         logits_BTV = jnp.einsum("btd,dv->btv", hidden_BTD, head_DV, preferred_element_type=jnp.float32)
         return constrain(logits_BTV, ("batch", "length", "vocab"))
 
-    def hidden_and_cache(self, tokens_BT, positions_BT, segment_ids_BT, cache=None):
-        """Final-normed hidden states `(B, T, D)` and the updated cache."""
+    def hidden_and_cache(self, tokens_BT, positions_BT, segment_ids_BT, cache=None, *, remat: str = "none"):
+        """Final-normed hidden states `(B, T, D)` and the updated cache.
+
+        `remat` (a key of `REMAT_POLICIES`) only changes memory and compute of a backward
+        pass through this call, never its values.
+        """
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {remat!r}; choose one of {sorted(REMAT_POLICIES)}")
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         x_BTD = embed_lookup(self.embed_VD[...], tokens_BT).astype(dt)
@@ -256,7 +302,7 @@ class Transformer(nnx.Module):
             q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
             k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
             if write_at is None:
-                keys_BSKH, values_BSKH = k_BTKH, v_BTKH
+                out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
             else:
                 # Write this layer's new keys/values in place in the carried cache, then read the layer back.
                 at = (index, 0, write_at, 0, 0)
@@ -264,7 +310,7 @@ class Transformer(nnx.Module):
                 v_LBSKH = jax.lax.dynamic_update_slice(v_LBSKH, v_BTKH[None].astype(v_LBSKH.dtype), at)
                 keys_BSKH = jax.lax.dynamic_index_in_dim(k_LBSKH, index, keepdims=False)
                 values_BSKH = jax.lax.dynamic_index_in_dim(v_LBSKH, index, keepdims=False)
-            out_BTNH = attention(q_BTNH, keys_BSKH.astype(dt), values_BSKH.astype(dt), mask_BTS)
+                out_BTNH = attention(q_BTNH, keys_BSKH.astype(dt), values_BSKH.astype(dt), mask_BTS)
             x_BTD = x_BTD + jnp.einsum("btnh,nhd->btd", out_BTNH, a["o"].astype(dt))
             x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
             h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_norm_eps)
@@ -273,6 +319,8 @@ class Transformer(nnx.Module):
 
         layers = (weights, jnp.arange(cfg.num_layers))
         if cache is None:
+            if REMAT_POLICIES[remat] is not None:
+                block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=False)
             (x_BTD, _, _), _ = jax.lax.scan(block, (x_BTD, None, None), layers)
             new_cache = None
         else:
