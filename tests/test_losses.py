@@ -144,6 +144,12 @@ def test_two_micro_batches_equal_one_big_batch():
     naive = (float(L.mean_metrics(t1)["loss"]) + float(L.mean_metrics(t2)["loss"])) / 2
     assert abs(naive - float(mb["loss"])) > 1e-3  # averaging micro-batch means would be wrong
 
+    # an accumulation loop may start from identity_terms: it changes no value, min or max
+    start = L.accumulate(L.accumulate(L.identity_terms(t1), t1), t2)
+    for k, v in acc._asdict().items():
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), start._asdict()[k], v)
+    assert np.isinf(float(L.identity_terms(t1).metrics["ratio_min"]))
+
 
 def test_jit_and_all_masked_batch():
     logp, old, sampler, ref, adv, mask, weights = _random_batch(1)
@@ -161,6 +167,12 @@ def test_token_logprobs_and_entropy_by_hand():
     h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
     np.testing.assert_allclose(np.asarray(L.entropy(logits)), [[h, math.log(3)]], atol=1e-6)
     np.testing.assert_allclose(np.asarray(L.entropy(logits, jnp.array([[1, 0]]))), [[h, 0.0]], atol=1e-6)
+    both = L.token_logprobs_and_entropy(logits, jnp.array([[2, 0]]))
+    np.testing.assert_allclose(np.asarray(both[0]), np.asarray(lp), atol=1e-7)
+    np.testing.assert_allclose(np.asarray(both[1]), [[h, math.log(3)]], atol=1e-6)
+    # the entropy is a metric: no gradient flows through it
+    g = jax.grad(lambda x: jnp.sum(L.token_logprobs_and_entropy(x, jnp.array([[2, 0]]))[1]))(logits)
+    assert not np.any(np.asarray(g))
 
 
 def test_logprobs_and_entropy_stable_in_bfloat16_with_huge_logits():

@@ -96,3 +96,59 @@ def test_rows_not_divisible_by_data_parallel_is_a_clear_error():
     batch = pack(_sequences(2), row_length=64, row_multiple=1)
     with pytest.raises(ValueError, match="data-parallel"):
         trainer.update(batch)
+
+
+def test_query_blocked_attention_equals_full_attention_wherever_a_token_sees_a_key():
+    from spade_jax.models.transformer import attention, causal_self_attention
+
+    rng = np.random.default_rng(0)
+    B, T, N, K, H = 2, 300, 4, 2, 8  # query blocks of 128, 128, 44
+    q, k, v = (rng.standard_normal((B, T, n, H)).astype(np.float32) for n in (N, K, K))
+    segments = np.zeros((B, T), np.int32)
+    segments[0, :120], segments[0, 120:290] = 1, 2  # two packed sequences, then padding
+    segments[1, :] = 1
+    t = np.arange(T)
+    mask = (t[:, None] >= t[None]) & (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
+    full = np.asarray(attention(q, k, v, mask))
+    blocked = np.asarray(jax.jit(causal_self_attention)(q, k, v, mask))
+    real = segments > 0
+    np.testing.assert_allclose(blocked[real], full[real], atol=1e-6)
+
+
+def _long_sequences(n=7, seed=3):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(40, 300))
+        mask = np.zeros(length, bool)
+        mask[length // 2 :] = True
+        out.append(TrainSequence(rng.integers(0, 64, length), mask, np.where(mask, -4.0, 0.0), float(rng.normal())))
+    return out
+
+
+@pytest.mark.parametrize("objective, remat, chunk", [("pg", "dots", 64), ("nll", "full", 100)])
+def test_remat_and_chunked_masked_head_leave_the_update_unchanged(objective, remat, chunk):
+    """Rows of 320 tokens: several query blocks; head chunks of 64 with the later ones skipped
+    (no masked target there in any row), or of 100 with a padded last chunk."""
+    batch = pack(_long_sequences(), row_length=320, row_multiple=4)
+    assert batch.target_mask_RT.sum(1).max() < 3 * 64  # some head chunks are skipped
+
+    def run(remat, chunk):
+        policy = random_policy(CFG, seed=1, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+        loss = LossConfig(objective=objective, remat=remat, logits_chunk=chunk)
+        trainer = Trainer(policy, OptimConfig(lr=1e-2, eps=1.0), loss)
+        anchor = trainer.logprobs(batch) if objective == "pg" else None
+        return anchor, trainer.update(batch), trainer.params
+
+    ref_anchor, ref_metrics, ref_params = run("none", 0)
+    anchor, metrics, params = run(remat, chunk)
+    if objective == "pg":
+        np.testing.assert_allclose(anchor, ref_anchor, atol=2e-5)
+    for k in ("loss", "grad_norm") + (("entropy", "clip_frac") if objective == "pg" else ("nll",)):
+        np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params, ref_params)
+
+
+def test_unknown_remat_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="remat policy 'some'"):
+        Trainer(random_policy(CFG), loss=LossConfig(remat="some"))

@@ -48,6 +48,20 @@ def token_logprobs(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
 
+def token_logprobs_and_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`token_logprobs` and the (stop-gradient) `entropy` per position from one logsumexp.
+
+    Same values as the two functions apart; the entropy is a metric, so no gradient
+    flows through it and only the log-probs need a backward pass.
+    """
+    logits = logits_BTV.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    logits_sg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+    probs = jnp.exp(logits_sg - lse_sg[..., None])
+    return picked - lse, lse_sg - jnp.sum(probs * logits_sg, axis=-1)
+
+
 def entropy(logits_BTV: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
     """Entropy of softmax(logits) per position in nats, float32, shape (B, T); 0 where mask is 0."""
     logits = logits_BTV.astype(jnp.float32)
@@ -157,6 +171,23 @@ def accumulate(a: PGLossTerms, b: PGLossTerms) -> PGLossTerms:
     return PGLossTerms(a.loss_sum + b.loss_sum, a.token_count + b.token_count, metrics)
 
 
+def identity_terms(like: PGLossTerms) -> PGLossTerms:
+    """Terms that `accumulate` leaves any terms shaped like `like` unchanged by, exactly.
+
+    0 for sums and counts, +inf for ``*_min``, -inf for ``*_max``: the start of an
+    accumulation loop that runs every micro-batch in its body.
+    """
+
+    def fill(name):
+        return jnp.inf if name.endswith("_min") else -jnp.inf if name.endswith("_max") else 0.0
+
+    def zero(x):
+        return jnp.zeros(x.shape, x.dtype)
+
+    metrics = {k: jnp.full(v.shape, fill(k), v.dtype) for k, v in like.metrics.items()}
+    return PGLossTerms(zero(like.loss_sum), zero(like.token_count), metrics)
+
+
 def mean_metrics(terms: PGLossTerms) -> dict[str, jax.Array]:
     """Token means of the accumulated terms: loss, pg_loss, clip_frac, ratio_mean, ...
 
@@ -174,5 +205,5 @@ def mean_metrics(terms: PGLossTerms) -> dict[str, jax.Array]:
     return out
 
 
-__all__ = ["PGLossTerms", "accumulate", "entropy", "mean_metrics",
-           "pg_loss_terms", "token_logprobs"]
+__all__ = ["PGLossTerms", "accumulate", "entropy", "identity_terms", "mean_metrics",
+           "pg_loss_terms", "token_logprobs", "token_logprobs_and_entropy"]

@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spade_jax.models.policy import Policy
 from spade_jax.models.sharding import activation_sharding, param_shardings
+from spade_jax.models.transformer import REMAT_POLICIES
 from spade_jax.rl import losses
 from spade_jax.rl.batch import ROLE_IDS, TrainBatch
 
@@ -53,6 +54,8 @@ class LossConfig:
     tis_cap: float = 2.0
     kl_coef: float = 0.0
     micro_batch_rows: int = 0  # rows per micro-batch; 0 = the whole batch at once
+    remat: str = "dots"  # per-layer rematerialisation, a key of models.transformer.REMAT_POLICIES
+    logits_chunk: int = 128  # positions per chunk of the LM head + log-softmax; 0 = all at once
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -81,6 +84,10 @@ class Trainer:
     def __init__(self, policy: Policy, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig()):
         if loss.objective not in ("pg", "nll"):
             raise ValueError(f"unknown objective {loss.objective!r}; choose pg or nll")
+        if loss.remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {loss.remat!r}; choose one of {sorted(REMAT_POLICIES)}")
+        if loss.logits_chunk < 0:
+            raise ValueError(f"logits_chunk must be >= 0 (0 = no chunking), got {loss.logits_chunk}")
         self.policy = policy
         self.optim_config = optim
         self.loss_config = loss
@@ -161,33 +168,80 @@ class Trainer:
 
     # ---- compiled functions --------------------------------------------------------------
 
-    def _forward_logits(self, params, arrays):
+    def _token_logprobs(self, params, arrays, with_entropy: bool, only_masked: bool):
+        """Log-probs of the targets `(R, T)` and, if asked, the entropies (else None).
+
+        The LM head and log-softmax run over chunks of `logits_chunk` positions under
+        `jax.checkpoint`, so no `(R, T, V)` logits exist at once, in the forward or the
+        backward pass; each chunk's logits are recomputed in the backward pass. With
+        `only_masked`, each row's masked targets are moved to its front first and chunks
+        past the longest row's count are skipped: the head (a sixth of the model's FLOPs
+        at SmolLM2's size) runs only where the loss reads it; other positions hold 0.
+        """
+        cfg = self.loss_config
         model = nnx.merge(self.graphdef, params)
         with activation_sharding(self.policy.mesh, self.policy.rules):
-            logits_RTV, _ = model(arrays["tokens_RT"], arrays["positions_RT"], arrays["segment_ids_RT"])
-        return logits_RTV
+            hidden_RTD, _ = model.hidden_and_cache(
+                arrays["tokens_RT"], arrays["positions_RT"], arrays["segment_ids_RT"], remat=cfg.remat
+            )
+
+            def head(hidden_RCD, targets_RC):
+                logits_RCV = model.logits_from_hidden(hidden_RCD)
+                if with_entropy:
+                    return losses.token_logprobs_and_entropy(logits_RCV, targets_RC)
+                return losses.token_logprobs(logits_RCV, targets_RC), None
+
+            targets_RT = arrays["targets_RT"]
+            R, T, D = hidden_RTD.shape
+            C = cfg.logits_chunk
+            if not C or C >= T:
+                return head(hidden_RTD, targets_RT)
+            if only_masked:
+                mask_RT = arrays["target_mask_RT"].astype(bool)
+                order_RT = jnp.argsort(~mask_RT, axis=1, stable=True)
+                hidden_RTD = jnp.take_along_axis(hidden_RTD, order_RT[..., None], axis=1)
+                targets_RT = jnp.take_along_axis(targets_RT, order_RT, axis=1)
+                live = jnp.max(jnp.sum(mask_RT, axis=1))
+            n = -(-T // C)
+            hidden_nRCD = jnp.pad(hidden_RTD, ((0, 0), (0, n * C - T), (0, 0))).reshape(R, n, C, D).swapaxes(0, 1)
+            targets_nRC = jnp.pad(targets_RT, ((0, 0), (0, n * C - T))).reshape(R, n, C).swapaxes(0, 1)
+
+            def chunk(carry, xs):
+                index, hidden_RCD, targets_RC = xs
+                if not only_masked:
+                    return carry, head(hidden_RCD, targets_RC)
+                zeros_RC = jnp.zeros((R, C), jnp.float32)
+                skipped = (zeros_RC, zeros_RC if with_entropy else None)
+                return carry, jax.lax.cond(index * C < live, head, lambda *_: skipped, hidden_RCD, targets_RC)
+
+            chunk = jax.checkpoint(chunk, prevent_cse=False)
+            _, out = jax.lax.scan(chunk, None, (jnp.arange(n), hidden_nRCD, targets_nRC))
+            out = jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(R, n * C)[:, :T], out)
+            if only_masked:
+                inverse_RT = jnp.argsort(order_RT, axis=1)
+                out = jax.tree.map(
+                    lambda a: jnp.where(mask_RT, jnp.take_along_axis(a, inverse_RT, axis=1), 0.0), out
+                )
+            return out
 
     def _logprobs_fn(self, params, arrays):
-        logits_RTV = self._forward_logits(params, arrays)
-        return losses.token_logprobs(logits_RTV, arrays["targets_RT"])
+        return self._token_logprobs(params, arrays, with_entropy=False, only_masked=False)[0]
 
     def _micro_terms(self, params, micro, ref_params):
         cfg = self.loss_config
-        logits_RTV = self._forward_logits(params, micro)
-        logp_RT = losses.token_logprobs(logits_RTV, micro["targets_RT"])
         mask_RT = micro["target_mask_RT"]
         if cfg.objective == "nll":
+            logp_RT, _ = self._token_logprobs(params, micro, with_entropy=False, only_masked=True)
             weighted = mask_RT * micro["weights_RT"]
             return losses.PGLossTerms(
                 loss_sum=-jnp.sum(weighted * logp_RT),
                 token_count=jnp.sum(mask_RT),
                 metrics={"nll_sum": -jnp.sum(mask_RT * jax.lax.stop_gradient(logp_RT))},
             )
+        logp_RT, entropy_RT = self._token_logprobs(params, micro, with_entropy=True, only_masked=True)
         ref_logp = None
         if ref_params is not None:
-            ref_logp = jax.lax.stop_gradient(
-                losses.token_logprobs(self._forward_logits(ref_params, micro), micro["targets_RT"])
-            )
+            ref_logp = jax.lax.stop_gradient(self._token_logprobs(ref_params, micro, with_entropy=False, only_masked=True)[0])
         old = micro.get("old_logprobs_RT", jax.lax.stop_gradient(logp_RT))
         terms = losses.pg_loss_terms(
             logp_RT,
@@ -201,7 +255,7 @@ class Trainer:
             eps_low=cfg.eps_low,
             eps_high=cfg.eps_high,
             tis_cap=cfg.tis_cap,
-            entropy_BT=losses.entropy(jax.lax.stop_gradient(logits_RTV), mask_RT),
+            entropy_BT=jnp.where(mask_RT.astype(bool), entropy_RT, 0.0),
         )
         for role, role_id in ROLE_IDS.items():
             terms.metrics[f"{role}_tokens_sum"] = jnp.sum(mask_RT * (micro["roles_RT"] == role_id))
@@ -226,10 +280,14 @@ class Trainer:
             (_, terms), grads = grad_fn(params, micro)
             return (jax.tree.map(jnp.add, grads_acc, grads), losses.accumulate(terms_acc, terms)), None
 
-        (_, terms), grads = grad_fn(params, jax.tree.map(lambda a: a[0], micro_arrays))
-        if num_micro > 1:
-            rest = jax.tree.map(lambda a: a[1:], micro_arrays)
-            (grads, terms), _ = jax.lax.scan(micro_step, (grads, terms), rest)
+        if num_micro == 1:
+            (_, terms), grads = grad_fn(params, jax.tree.map(lambda a: a[0], micro_arrays))
+        else:
+            # Every micro-batch runs in the loop body, from an exact identity carry: one copy of
+            # the program, and never two micro-batches' activations alive at once.
+            (_, like), _ = jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro_arrays))
+            carry = (jax.tree.map(jnp.zeros_like, params), losses.identity_terms(like))
+            (grads, terms), _ = jax.lax.scan(micro_step, carry, micro_arrays)
         denom = jnp.maximum(terms.token_count, 1.0)
         grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
