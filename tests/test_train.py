@@ -152,3 +152,13 @@ def test_remat_and_chunked_masked_head_leave_the_update_unchanged(objective, rem
 def test_unknown_remat_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="remat policy 'some'"):
         Trainer(random_policy(CFG), loss=LossConfig(remat="some"))
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_repeated_updates_of_one_shape_compile_once(devices):
+    shape = (1, 1, 1) if devices == 1 else (2, 2, 2)
+    trainer = Trainer(random_policy(CFG, seed=1, mesh=make_mesh(shape, jax.devices()[:devices])), OptimConfig(lr=1e-3))
+    batch = pack(_sequences(), row_length=32, row_multiple=4)
+    for _ in range(3):
+        trainer.update(batch)
+    assert trainer._update._cache_size() == 1

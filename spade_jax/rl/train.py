@@ -6,6 +6,11 @@
 `lax.scan` and their gradients of the loss *sums* are added, then divided by the total
 token count, which is exact whatever the number of tokens in each micro-batch.
 
+Memory: each transformer block is rematerialised per `LossConfig.remat` (default "dots":
+weight-matmul outputs kept, attention recomputed), and the LM head + log-softmax run in
+rematerialised chunks over the masked targets only, so neither the `(R, heads, T, T)`
+attention probabilities of every layer nor `(R, T, V)` logits are ever stored.
+
 Two objectives share the machinery: `"pg"` (clipped policy gradient, `rl/losses.py`)
 for self-play and `"nll"` (token cross-entropy on the masked tokens) for supervised
 bootstrapping.
@@ -14,6 +19,7 @@ bootstrapping.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -100,13 +106,19 @@ class Trainer:
         self.data_parallel = int(np.prod([mesh.shape[a] for a in batch_axes] or [1]))
         self._row_sharding = NamedSharding(mesh, PartitionSpec(batch_axes or None, None))
         pure = nnx.to_pure_dict(params)
-        self.opt_state = jax.jit(self.optimizer.init)(pure)
+        # Committed, and returned by the update with the same shardings: otherwise the first
+        # update's outputs (committed) differ from its inputs and the second call compiles again.
+        self.opt_state = jax.tree.map(
+            lambda a: jax.device_put(a, a.sharding if isinstance(a.sharding, NamedSharding) else self._replicated),
+            jax.jit(self.optimizer.init)(pure),
+        )
+        opt_shardings = jax.tree.map(lambda a: a.sharding, self.opt_state)
         self.step = 0
         self.ref_params = pure if loss.kl_coef > 0 else None
         self._update = jax.jit(
             self._update_fn,
             donate_argnums=(0, 1),
-            out_shardings=(self._param_shardings, None, self._replicated),
+            out_shardings=(self._param_shardings, opt_shardings, self._replicated),
         )
         self._logprobs = jax.jit(self._logprobs_fn)
 
@@ -171,12 +183,8 @@ class Trainer:
     def _token_logprobs(self, params, arrays, with_entropy: bool, only_masked: bool):
         """Log-probs of the targets `(R, T)` and, if asked, the entropies (else None).
 
-        The LM head and log-softmax run over chunks of `logits_chunk` positions under
-        `jax.checkpoint`, so no `(R, T, V)` logits exist at once, in the forward or the
-        backward pass; each chunk's logits are recomputed in the backward pass. With
-        `only_masked`, each row's masked targets are moved to its front first and chunks
-        past the longest row's count are skipped: the head (a sixth of the model's FLOPs
-        at SmolLM2's size) runs only where the loss reads it; other positions hold 0.
+        The LM head runs through `_chunked_head`; with `only_masked` it runs only at the
+        masked targets, the only ones the loss reads, and other positions hold 0.
         """
         cfg = self.loss_config
         model = nnx.merge(self.graphdef, params)
@@ -191,38 +199,8 @@ class Trainer:
                     return losses.token_logprobs_and_entropy(logits_RCV, targets_RC)
                 return losses.token_logprobs(logits_RCV, targets_RC), None
 
-            targets_RT = arrays["targets_RT"]
-            R, T, D = hidden_RTD.shape
-            C = cfg.logits_chunk
-            if not C or C >= T:
-                return head(hidden_RTD, targets_RT)
-            if only_masked:
-                mask_RT = arrays["target_mask_RT"].astype(bool)
-                order_RT = jnp.argsort(~mask_RT, axis=1, stable=True)
-                hidden_RTD = jnp.take_along_axis(hidden_RTD, order_RT[..., None], axis=1)
-                targets_RT = jnp.take_along_axis(targets_RT, order_RT, axis=1)
-                live = jnp.max(jnp.sum(mask_RT, axis=1))
-            n = -(-T // C)
-            hidden_nRCD = jnp.pad(hidden_RTD, ((0, 0), (0, n * C - T), (0, 0))).reshape(R, n, C, D).swapaxes(0, 1)
-            targets_nRC = jnp.pad(targets_RT, ((0, 0), (0, n * C - T))).reshape(R, n, C).swapaxes(0, 1)
-
-            def chunk(carry, xs):
-                index, hidden_RCD, targets_RC = xs
-                if not only_masked:
-                    return carry, head(hidden_RCD, targets_RC)
-                zeros_RC = jnp.zeros((R, C), jnp.float32)
-                skipped = (zeros_RC, zeros_RC if with_entropy else None)
-                return carry, jax.lax.cond(index * C < live, head, lambda *_: skipped, hidden_RCD, targets_RC)
-
-            chunk = jax.checkpoint(chunk, prevent_cse=False)
-            _, out = jax.lax.scan(chunk, None, (jnp.arange(n), hidden_nRCD, targets_nRC))
-            out = jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(R, n * C)[:, :T], out)
-            if only_masked:
-                inverse_RT = jnp.argsort(order_RT, axis=1)
-                out = jax.tree.map(
-                    lambda a: jnp.where(mask_RT, jnp.take_along_axis(a, inverse_RT, axis=1), 0.0), out
-                )
-            return out
+            mask_RT = arrays["target_mask_RT"].astype(bool) if only_masked else None
+            return _chunked_head(head, hidden_RTD, arrays["targets_RT"], cfg.logits_chunk, mask_RT)
 
     def _logprobs_fn(self, params, arrays):
         return self._token_logprobs(params, arrays, with_entropy=False, only_masked=False)[0]
@@ -241,7 +219,8 @@ class Trainer:
         logp_RT, entropy_RT = self._token_logprobs(params, micro, with_entropy=True, only_masked=True)
         ref_logp = None
         if ref_params is not None:
-            ref_logp = jax.lax.stop_gradient(self._token_logprobs(ref_params, micro, with_entropy=False, only_masked=True)[0])
+            ref_logp, _ = self._token_logprobs(ref_params, micro, with_entropy=False, only_masked=True)
+            ref_logp = jax.lax.stop_gradient(ref_logp)
         old = micro.get("old_logprobs_RT", jax.lax.stop_gradient(logp_RT))
         terms = losses.pg_loss_terms(
             logp_RT,
@@ -295,3 +274,43 @@ class Trainer:
         metrics = losses.mean_metrics(terms)
         metrics["grad_norm"] = optax.tree.norm(grads)
         return params, opt_state, metrics
+
+
+def _chunked_head(head, hidden_RTD, targets_RT, chunk: int, mask_RT=None):
+    """`head(hidden_RCD, targets_RC) -> (a_RC, b_RC or None)` over chunks of `chunk` positions.
+
+    Each chunk runs under `jax.checkpoint`, so its `(R, chunk, V)` logits live only while
+    the chunk is processed, in the forward and in the backward pass (which recomputes
+    them): no `(R, T, V)` array exists. With `mask_RT`, each row's masked positions are
+    moved to its front first and chunks past the longest row's count are skipped, so the
+    head (about a fifth of SmolLM2-135M's FLOPs) runs only where the loss reads it;
+    unmasked positions then hold 0. `chunk` 0 (or >= T) runs the head once over everything.
+    """
+    R, T, D = hidden_RTD.shape
+    C = chunk
+    if not C or C >= T:
+        return head(hidden_RTD, targets_RT)
+    if mask_RT is not None:
+        order_RT = jnp.argsort(~mask_RT, axis=1, stable=True)
+        hidden_RTD = jnp.take_along_axis(hidden_RTD, order_RT[..., None], axis=1)
+        targets_RT = jnp.take_along_axis(targets_RT, order_RT, axis=1)
+        live = jnp.max(jnp.sum(mask_RT, axis=1))
+    n = -(-T // C)
+    hidden_nRCD = jnp.pad(hidden_RTD, ((0, 0), (0, n * C - T), (0, 0))).reshape(R, n, C, D).swapaxes(0, 1)
+    targets_nRC = jnp.pad(targets_RT, ((0, 0), (0, n * C - T))).reshape(R, n, C).swapaxes(0, 1)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def one_chunk(carry, xs):
+        index, hidden_RCD, targets_RC = xs
+        if mask_RT is None:
+            return carry, head(hidden_RCD, targets_RC)
+        out = jax.eval_shape(head, hidden_RCD, targets_RC)
+        skipped = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out)
+        return carry, jax.lax.cond(index * C < live, head, lambda *_: skipped, hidden_RCD, targets_RC)
+
+    _, out = jax.lax.scan(one_chunk, None, (jnp.arange(n), hidden_nRCD, targets_nRC))
+    out = jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(R, n * C)[:, :T], out)
+    if mask_RT is None:
+        return out
+    inverse_RT = jnp.argsort(order_RT, axis=1)
+    return jax.tree.map(lambda a: jnp.where(mask_RT, jnp.take_along_axis(a, inverse_RT, axis=1), 0.0), out)
