@@ -8,7 +8,10 @@ only the *shape* of the code counts. Every rewrite below changes shape and keeps
 the agent sees: observations, rewards, termination and `solution()` are those of the
 seed for every seed and action (info dicts may carry extra entries).
 
-Each rewrite applies at every site where it is safe, independently with probability p:
+A variant applies each rewrite with probability p, and then at every site where it is safe,
+so one program is written in one consistent style: the bootstrapped model, writing token by
+token, can copy the style of the previous site instead of guessing each one. Every rewrite
+is local: applying it at a site never requires a matching change elsewhere.
 
   split_assign      ``a, b = x, y`` -> two statements (when y does not read a)
   join_assign       two independent simple assignments -> one tuple assignment
@@ -23,11 +26,8 @@ Each rewrite applies at every site where it is safe, independently with probabil
   hoist_message     ``return self._helper("..", ..)`` -> ``message = ".."`` first
   result_helper     the games' shared ``_result`` helper -> one of several equivalent bodies
   done_guard        the games' "episode is over" return -> through ``_result``
-  rng_attribute     ``rng = random.Random(seed)`` in reset -> ``self.rng``
-  tool_helper       tool-use ``_tool_call`` function -> a static method of the class
   tool_schema       ``{"type": "function", "function": {...}}`` -> the bare function schema
   base_init         ``super().__init__(..)`` -> ``ToolUseEnv.__init__(self, ..)``
-  method_order      private helpers move before the public methods
 
 The result is printed in the seeds' style (double quotes, no redundant parentheses, blank
 lines between definitions, knob comments kept). Standard library only.
@@ -42,8 +42,8 @@ import re
 
 __all__ = ["REWRITES", "format_program", "vary"]
 
-_TEMP_NAMES = ("message", "reply", "feedback", "note", "response")
-_LIST_NAMES = ("parts", "pieces", "entries", "chunks")
+_TEMP_NAMES = ("message", "reply", "feedback")  # the first one free in the function is used
+_LIST_NAMES = ("parts", "pieces", "entries")
 
 
 # --------------------------------------------------------------------------- printing
@@ -202,18 +202,17 @@ def _statements(text: str) -> list[ast.stmt]:
     return ast.parse(text).body
 
 
-def _fresh(rng: random.Random, choices, taken: set[str]) -> str | None:
-    free = [name for name in choices if name not in taken]
-    return rng.choice(free) if free else None
+def _fresh(choices, taken: set[str]) -> str | None:
+    return next((name for name in choices if name not in taken), None)
 
 
-def _rewrite_lists(tree: ast.Module, rng: random.Random, p: float, rewrite_one) -> None:
-    """Applies ``rewrite_one(stmts, i, function) -> replacement list | None`` site by site."""
+def _rewrite_lists(tree: ast.Module, rewrite_one) -> None:
+    """Applies ``rewrite_one(stmts, i, function) -> (statements consumed, replacement) | None`` at every site."""
     for function in list(_functions(tree)):
         for stmts in list(_statement_lists(function)):
             i = 0
             while i < len(stmts):
-                replacement = rewrite_one(stmts, i, function) if rng.random() < p else None
+                replacement = rewrite_one(stmts, i, function)
                 if replacement is None:
                     i += 1
                     continue
@@ -225,7 +224,7 @@ def _rewrite_lists(tree: ast.Module, rng: random.Random, p: float, rewrite_one) 
 # --------------------------------------------------------------------------- rewrites
 
 
-def split_assign(tree, rng, p):
+def split_assign(tree, rng):
     def one(stmts, i, _):
         node = stmts[i]
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)
@@ -241,7 +240,7 @@ def split_assign(tree, rng, p):
                 return None
         return 1, [ast.Assign(targets=[t], value=v) for t, v in zip(targets, values)]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
 def _short_value(node: ast.expr) -> bool:
@@ -252,7 +251,7 @@ def _short_value(node: ast.expr) -> bool:
     return len(ast.unparse(node)) <= 40
 
 
-def join_assign(tree, rng, p):
+def join_assign(tree, rng):
     def one(stmts, i, _):
         if i + 1 >= len(stmts):
             return None
@@ -267,7 +266,7 @@ def join_assign(tree, rng, p):
         return 2, [ast.Assign(targets=[ast.Tuple(elts=[a, b], ctx=ast.Store())],
                               value=ast.Tuple(elts=[first.value, second.value], ctx=ast.Load()))]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
 _FLIPS = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot,
@@ -282,7 +281,7 @@ def _negate(test: ast.expr) -> ast.expr:
     return ast.UnaryOp(op=ast.Not(), operand=test)
 
 
-def invert_if(tree, rng, p):
+def invert_if(tree, rng):
     def one(stmts, i, _):
         node = stmts[i]
         if not isinstance(node, ast.If) or not node.orelse:
@@ -291,10 +290,10 @@ def invert_if(tree, rng, p):
             return None  # an elif chain
         return 1, [ast.If(test=_negate(node.test), body=node.orelse, orelse=node.body)]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
-def ternary_to_if(tree, rng, p):
+def ternary_to_if(tree, rng):
     def one(stmts, i, _):
         node = stmts[i]
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.IfExp)):
@@ -305,7 +304,7 @@ def ternary_to_if(tree, rng, p):
         return 1, [ast.If(test=value.test, body=[ast.Assign(targets=[target], value=value.body)],
                           orelse=[ast.Assign(targets=[copy.deepcopy(target)], value=value.orelse)])]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
 def _loop_variables(comprehension: ast.comprehension) -> set[str]:
@@ -331,7 +330,7 @@ def _condition(ifs: list[ast.expr]) -> ast.expr | None:
     return ifs[0] if len(ifs) == 1 else ast.BoolOp(op=ast.And(), values=list(ifs))
 
 
-def comp_to_loop(tree, rng, p):
+def comp_to_loop(tree, rng):
     def one(stmts, i, function):
         node = stmts[i]
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and _simple_target(node.targets[0])
@@ -358,10 +357,10 @@ def comp_to_loop(tree, rng, p):
         loop = ast.For(target=generator.target, iter=generator.iter, body=body, orelse=[])
         return 1, [ast.Assign(targets=[store], value=start), loop]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
-def hoist_join(tree, rng, p):
+def hoist_join(tree, rng):
     def one(stmts, i, function):
         node = stmts[i]
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
@@ -371,7 +370,7 @@ def hoist_join(tree, rng, p):
                 and isinstance(call.func.value, ast.Constant) and len(call.args) == 1
                 and isinstance(call.args[0], ast.GeneratorExp) and not call.keywords):
             return None
-        name = _fresh(rng, _LIST_NAMES, _names(function))
+        name = _fresh(_LIST_NAMES, _names(function))
         if name is None:
             return None
         generator = call.args[0]
@@ -380,7 +379,7 @@ def hoist_join(tree, rng, p):
         call.args = [ast.Name(id=name, ctx=ast.Load())]
         return 1, [listing, node]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
 def _escape_braces(text: str) -> str:
@@ -426,24 +425,21 @@ def _concatenation(node: ast.JoinedStr) -> ast.expr | None:
 
 
 class _FStrings(ast.NodeTransformer):
-    def __init__(self, rng, p):
-        self.rng, self.p = rng, p
+    def __init__(self, build):
+        self.build = build
 
     def visit_FormattedValue(self, node):
         return node  # never rewrite format specs
 
     def visit_JoinedStr(self, node):
-        if self.rng.random() >= self.p:
-            return node
-        build = _format_call if self.rng.random() < 0.5 else _concatenation
-        return build(node) or node
+        return self.build(node) or node
 
 
-def fstring_format(tree, rng, p):
-    _FStrings(rng, p).visit(tree)
+def fstring_format(tree, rng):
+    _FStrings(rng.choice((_format_call, _concatenation))).visit(tree)
 
 
-def expand_aug(tree, rng, p):
+def expand_aug(tree, rng):
     def one(stmts, i, _):
         node = stmts[i]
         if not (isinstance(node, ast.AugAssign) and _simple_target(node.target)
@@ -453,21 +449,21 @@ def expand_aug(tree, rng, p):
         load.ctx = ast.Load()
         return 1, [ast.Assign(targets=[node.target], value=ast.BinOp(left=load, op=node.op, right=node.value))]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
-def dict_call(tree, rng, p):
+def dict_call(tree, rng):
     for node in ast.walk(tree):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             for k, element in enumerate(node.value.elts):
                 empty_dict = isinstance(element, ast.Dict) and not element.keys
                 empty_list = isinstance(element, ast.List) and not element.elts
-                if (empty_dict or empty_list) and rng.random() < p:
+                if empty_dict or empty_list:
                     name = "dict" if empty_dict else "list"
                     node.value.elts[k] = ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=[], keywords=[])
 
 
-def keyword_args(tree, rng, p):
+def keyword_args(tree, rng):
     cls = _env_class(tree)
     if cls is None:
         return
@@ -483,7 +479,7 @@ def keyword_args(tree, rng, p):
         params, first_default = defaults[node.func.attr]
         if any(isinstance(a, ast.Starred) for a in node.args) or len(node.args) > len(params):
             continue
-        if len(node.args) <= first_default or rng.random() >= p:
+        if len(node.args) <= first_default:
             continue
         keep = max(first_default, 1)
         moved = [ast.keyword(arg=params[k], value=node.args[k]) for k in range(keep, len(node.args))]
@@ -498,21 +494,21 @@ def _string_expression(node: ast.expr) -> bool:
         _string_expression(node.left) or _string_expression(node.right))
 
 
-def hoist_message(tree, rng, p):
+def hoist_message(tree, rng):
     def one(stmts, i, function):
         node = stmts[i]
         if not (isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
                 and _is_self_attr(node.value.func) and node.value.args
                 and _string_expression(node.value.args[0])):
             return None
-        name = _fresh(rng, _TEMP_NAMES, _names(function))
+        name = _fresh(_TEMP_NAMES, _names(function))
         if name is None:
             return None
         message = node.value.args[0]
         node.value.args[0] = ast.Name(id=name, ctx=ast.Load())
         return 1, [ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=message), node]
 
-    _rewrite_lists(tree, rng, p, one)
+    _rewrite_lists(tree, one)
 
 
 _RESULT_CANONICAL = """
@@ -556,10 +552,10 @@ def _same_code(a: ast.AST, b: ast.AST) -> bool:
     return ast.dump(a) == ast.dump(b)
 
 
-def result_helper(tree, rng, p):
+def result_helper(tree, rng):
     cls = _env_class(tree)
     method = _method(cls, "_result") if cls else None
-    if method is None or rng.random() >= p:
+    if method is None:
         return
     canonical = _statements(_RESULT_CANONICAL)[0]
     if not _same_code(ast.Module(body=method.body, type_ignores=[]),
@@ -576,10 +572,10 @@ if self.done:
 """
 
 
-def done_guard(tree, rng, p):
+def done_guard(tree, rng):
     cls = _env_class(tree)
     step = _method(cls, "step") if cls else None
-    if step is None or _method(cls, "_result") is None or rng.random() >= p:
+    if step is None or _method(cls, "_result") is None:
         return
     guard = _statements(_DONE_GUARD)[0]
     for k, node in enumerate(step.body):
@@ -589,51 +585,7 @@ def done_guard(tree, rng, p):
             return
 
 
-def rng_attribute(tree, rng, p):
-    cls = _env_class(tree)
-    reset = _method(cls, "reset") if cls else None
-    if reset is None or "rng" in {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute)}:
-        return
-    first = reset.body[0] if reset.body else None
-    if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
-            and first.targets[0].id == "rng") or rng.random() >= p:
-        return
-
-    class Rename(ast.NodeTransformer):
-        def visit_Name(self, node):
-            if node.id == "rng":
-                return ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()), attr="rng", ctx=node.ctx)
-            return node
-
-    reset.body = [Rename().visit(stmt) for stmt in reset.body]
-
-
-def tool_helper(tree, rng, p):
-    cls = _env_class(tree)
-    if cls is None or rng.random() >= p:
-        return
-    helpers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_tool_call"]
-    if len(helpers) != 1 or _method(cls, "_tool_call") is not None:
-        return
-    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "_tool_call"]
-    inside = {id(n) for n in ast.walk(cls)}
-    if any(id(n) not in inside for n in uses):
-        return
-
-    class Qualify(ast.NodeTransformer):
-        def visit_Name(self, node):
-            if node.id == "_tool_call":
-                return ast.Attribute(value=ast.Name(id="self", ctx=ast.Load()), attr="_tool_call", ctx=node.ctx)
-            return node
-
-    Qualify().visit(cls)
-    helper = helpers[0]
-    tree.body.remove(helper)
-    helper.decorator_list = [ast.Name(id="staticmethod", ctx=ast.Load())]
-    cls.body.append(helper)
-
-
-def tool_schema(tree, rng, p):
+def tool_schema(tree, rng):
     cls = _env_class(tree)
     if cls is None:
         return
@@ -642,7 +594,7 @@ def tool_schema(tree, rng, p):
                 and node.targets[0].id == "tools" and isinstance(node.value, ast.List)):
             continue
         for k, schema in enumerate(node.value.elts):
-            if not isinstance(schema, ast.Dict) or rng.random() >= p:
+            if not isinstance(schema, ast.Dict):
                 continue
             entries = {key.value: value for key, value in zip(schema.keys, schema.values)
                        if isinstance(key, ast.Constant)}
@@ -650,10 +602,10 @@ def tool_schema(tree, rng, p):
                 node.value.elts[k] = entries["function"]
 
 
-def base_init(tree, rng, p):
+def base_init(tree, rng):
     cls = _env_class(tree)
     init = _method(cls, "__init__") if cls else None
-    if init is None or rng.random() >= p:
+    if init is None:
         return
     for stmt in init.body:
         call = stmt.value if isinstance(stmt, ast.Expr) else None
@@ -666,33 +618,18 @@ def base_init(tree, rng, p):
             call.args = [ast.Name(id="self", ctx=ast.Load()), *call.args]
 
 
-def method_order(tree, rng, p):
-    cls = _env_class(tree)
-    if cls is None or rng.random() >= p:
-        return
-    helpers = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_")
-               and not n.name.startswith("__")]
-    public = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n not in helpers and n.name != "__init__"]
-    if not helpers or not public:
-        return
-    anchor = rng.choice(public)
-    rest = [n for n in cls.body if n not in helpers]
-    at = rest.index(anchor)
-    cls.body = rest[:at] + helpers + rest[at:]
-
-
 REWRITES = (
-    result_helper, done_guard, rng_attribute, tool_helper, tool_schema, base_init, hoist_join, comp_to_loop,
-    split_assign, join_assign, ternary_to_if, invert_if, expand_aug, hoist_message, keyword_args,
-    fstring_format, dict_call, method_order,
+    result_helper, done_guard, tool_schema, base_init, hoist_join, comp_to_loop, split_assign, join_assign,
+    ternary_to_if, invert_if, expand_aug, hoist_message, keyword_args, fstring_format, dict_call,
 )
 
 
 def vary(source: str, rng: random.Random, p: float = 0.5) -> str:
-    """A structural variant of ``source`` (see the module docstring); ``p`` = rewrite probability per site."""
+    """A structural variant of ``source``: each rewrite is applied with probability ``p``, at all its sites."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"rewrite probability p must be in [0, 1], got {p}")
     tree = ast.parse(source)
     for rewrite in REWRITES:
-        rewrite(tree, rng, p)
+        if rng.random() < p:
+            rewrite(tree, rng)
     return format_program(tree, source)
