@@ -12,7 +12,15 @@ One call samples continuations for every prompt at once:
 
 Parameters are arguments of both programs, never constants baked into them, so a
 training step can update them without recompiling. Compiled programs are kept per
-shape bucket; `compile_count()` says how many have been built.
+shape bucket; `compile_count()` says how many have been built. Randomness: row i of a
+call with seed s draws from `fold_in(fold_in(key(s), i), step)`, independent of the
+other rows and of the bucket. Outputs are replicated, so every process of a
+multi-process run reads the full result.
+
+The decode program returns the cache it updated in place (its input buffer), so a
+later turn can be appended to it (`KVCache.end_index` marks the next free slot);
+the mesh and rules come from the policy, so a sampling layout other than training's
+only needs a policy placed that way.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from spade_jax.sampling.batching import (
     pad_prompts,
 )
 from spade_jax.sampling.tokens import select_tokens, token_logprobs
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerationStats:
@@ -153,7 +162,7 @@ def generate(
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     out, cache = programs.decode(state, cache, logits_BV, *(args[name] for name in _DECODE_INPUTS))
-    del cache
+    del cache  # freed now; multi-turn cache reuse would keep it
     out = jax.device_get(out)
     decode_s = time.perf_counter() - start
 
