@@ -1,0 +1,236 @@
+"""Training data for the tiny preset's bootstrap: designer and agent examples from the seed library.
+
+Designer examples are the prompts the self-play designer builds at iteration 0 (skill,
+difficulty, a document excerpt, exemplars drawn from a memory seeded with the library,
+rendered by `designer.prompts`) answered with a structural variant of one of that skill's
+seed programs (`envs.library.variants`), its knobs drawn from the difficulty's third of
+their ranges. Agent examples are solution transcripts: a conversation, token for token as
+`agent.conversation.Conversation` builds it, whose assistant turns are the environment's
+own `solution()` actions and whose observations come from really playing it in the
+sandbox; hinted transcripts carry the `solution` hint in the first observation, as the
+rollout shows it. Only the assistant's tokens (and its end-of-turn token) are trained.
+
+JAX-free apart from nothing: numpy, the designer/agent helpers and the sandbox client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Sequence
+
+import numpy as np
+
+from spade_jax.agent.conversation import Conversation
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
+from spade_jax.designer.corpus import Document, truncate_words
+from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.prompts import DIFFICULTIES, designer_answer
+from spade_jax.designer.rollout import DesignerConfig, slot_messages
+from spade_jax.envs import library
+from spade_jax.envs.contract import is_success
+from spade_jax.envs.library.variants import vary
+from spade_jax.rl.batch import TrainSequence
+from spade_jax.sandbox import EpisodeSpec, SandboxPool
+from spade_jax.sandbox.similarity import fingerprint, jaccard
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """Designer prompt size: shared with the self-play designer so both see the same prompts.
+
+    doc_max_words: words of the reference document kept (`CorpusConfig.max_words`).
+    exemplars_positive / exemplars_negative: `EnvironmentMemory.exemplars` counts.
+    exemplar_max_lines / exemplar_max_chars: `EnvironmentMemory` code truncation.
+    """
+
+    doc_max_words: int = 40
+    exemplars_positive: int = 1
+    exemplars_negative: int = 0
+    exemplar_max_lines: int = 4
+    exemplar_max_chars: int = 400
+
+
+def seeded_memory(prompt: PromptConfig, capacity: int = 200) -> EnvironmentMemory:
+    """The environment memory at iteration 0: every seed program, unmeasured."""
+    memory = EnvironmentMemory(capacity, max_code_lines=prompt.exemplar_max_lines,
+                               max_code_chars=prompt.exemplar_max_chars)
+    for env in library.SEED_ENVS:
+        memory.add_seed(library.load_source(env.name), env.skill, name=env.name)
+    return memory
+
+
+def truncated_document(doc_id: str, text: str, max_words: int) -> Document:
+    body, n_words, cut = truncate_words(text, max_words)
+    return Document(doc_id=doc_id, text=body, n_words=n_words, truncated=cut)
+
+
+def knobs_for(env: library.SeedEnv, difficulty: str, rng: random.Random) -> dict[str, int]:
+    """Knob values from the difficulty's third of each range (easy: lowest third)."""
+    level = DIFFICULTIES.index(difficulty)
+    knobs = {}
+    for knob, values in env.knobs.items():
+        n = len(values)
+        low = level * n // len(DIFFICULTIES)
+        high = max((level + 1) * n // len(DIFFICULTIES), low + 1)
+        knobs[knob] = values[rng.randrange(low, high)]
+    return knobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One designer training example before its program is chosen: the prompt and the seed to rewrite."""
+
+    skill: str
+    difficulty: str
+    messages: list
+    env: str  # the seed program the answer is a variant of
+
+
+def designer_slots(n: int, memory: EnvironmentMemory, documents: Sequence[Document], prompt: PromptConfig,
+                   envs: Sequence[str], rng: np.random.Generator) -> list[Slot]:
+    """``n`` iteration-0 designer prompts cycling through every (skill, difficulty) pair.
+
+    The messages are built by the self-play designer's own `designer.rollout.slot_messages`.
+    Each is answered with a variant of one of the seed programs named in ``envs`` that
+    trains the prompt's skill (drawn uniformly); every skill needs at least one.
+    """
+    by_skill = {skill: [name for name in envs if library.get(name).skill == skill] for skill in library.SKILLS}
+    designer = DesignerConfig(n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative)
+    uncovered = [skill for skill, names in by_skill.items() if not names]
+    if uncovered:
+        raise ValueError(f"the seed programs {list(envs)} leave skill(s) {uncovered} without a program")
+    slots = []
+    for i in range(n):
+        skill = library.SKILLS[i % len(library.SKILLS)]
+        difficulty = DIFFICULTIES[(i + i // len(library.SKILLS)) % len(DIFFICULTIES)]
+        document = documents[int(rng.integers(len(documents)))]
+        messages = slot_messages(memory, rng, skill, difficulty, document, designer)
+        env = by_skill[skill][int(rng.integers(len(by_skill[skill])))]
+        slots.append(Slot(skill, difficulty, messages, env))
+    return slots
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One rendered training program: which seed, its difficulty and knobs, and its text."""
+
+    name: str
+    difficulty: str
+    knobs: dict
+    code: str
+
+
+def render_programs(keys: Sequence[tuple[str, str]], n: int, rng: random.Random, rewrite_p: float,
+                    max_similarity: float = 1.0, attempts: int = 50) -> list[Program]:
+    """``n`` structural variants cycling through the (seed name, difficulty) ``keys``.
+
+    A variant whose shingle similarity (admission's novelty measure) to any seed program
+    reaches ``max_similarity`` is drawn again, up to ``attempts`` times.
+    """
+    archive = [fingerprint(library.load_source(env.name)) for env in library.SEED_ENVS]
+    programs = []
+    for i in range(n):
+        name, difficulty = keys[i % len(keys)]
+        for _ in range(attempts):
+            knobs = knobs_for(library.get(name), difficulty, rng)
+            code = vary(library.render(name, knobs), rng, rewrite_p)
+            if max(jaccard(fingerprint(code), seed) for seed in archive) < max_similarity:
+                break
+        else:
+            raise ValueError(f"no variant of {name} in {attempts} attempts is below similarity {max_similarity}")
+        programs.append(Program(name, difficulty, knobs, code))
+    return programs
+
+
+@dataclasses.dataclass(frozen=True)
+class Transcript:
+    """A won play of a program following its solution: observations and actions alternate."""
+
+    program: str
+    seed: int
+    observations: tuple[str, ...]  # the first observation and the one after each action but the last
+    actions: tuple[str, ...]
+    hint: str | None
+
+
+def play_solutions(pool: SandboxPool, programs: Sequence[str], seeds: Sequence[int],
+                   max_turns: int) -> list[Transcript]:
+    """Plays every (program, seed) by its own solution() in the sandbox; keeps the won plays.
+
+    Each won play yields a plain transcript and a hinted one (same actions, the `solution`
+    hint appended to the first observation exactly as the rollout appends it).
+    """
+    specs = [EpisodeSpec(program=p, seed=s, max_turns=max_turns) for p in programs for s in seeds]
+    if not specs:
+        return []
+    starts = pool.start(specs)
+    ids = [r.episode_id for r in starts]
+    live = [i for i, r in enumerate(starts) if r.ok]
+    solutions = dict(zip(live, pool.solution([ids[i] for i in live])))
+    actions = {i: [a.strip() for a in (solutions[i] or "").splitlines() if a.strip()] for i in live}
+    observations = {i: [starts[i].observation] for i in live}
+    won: dict[int, bool] = {}
+    turn = 0
+    while True:
+        active = [i for i in live if i not in won and turn < len(actions[i])]
+        if not active:
+            break
+        results = pool.step([ids[i] for i in active], [actions[i][turn] for i in active])
+        for i, result in zip(active, results):
+            if not result.ok:
+                won[i] = False
+            elif result.done:
+                won[i] = result.terminated and is_success(result.raw_reward) and turn + 1 == len(actions[i])
+            else:
+                observations[i].append(result.observation)
+        turn += 1
+    pool.close(ids)
+    out = []
+    for i in live:
+        if not won.get(i):
+            continue
+        spec = specs[i]
+        for hint in (None, solution_hint(solutions[i])):
+            out.append(Transcript(spec.program, spec.seed, tuple(observations[i]), tuple(actions[i]), hint))
+    return out
+
+
+def designer_sequence(tokenizer, messages: list[dict], code: str) -> TrainSequence:
+    """Prompt ids (not trained) then the answer and its end-of-turn token (trained)."""
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    answer = tokenizer.encode(designer_answer(code)) + [tokenizer.eos_token_ids[0]]
+    tokens = np.asarray(prompt + answer, np.int32)
+    mask = np.r_[np.zeros(len(prompt), bool), np.ones(len(answer), bool)]
+    return TrainSequence(tokens, mask, np.zeros(len(tokens), np.float32), advantage=0.0, role="designer")
+
+
+def agent_sequence(tokenizer, transcript: Transcript, system_prompt: str = AGENT_SYSTEM_PROMPT) -> TrainSequence:
+    """The conversation the rollout would build if the policy had played these actions."""
+    first = transcript.observations[0]
+    if transcript.hint:
+        first = first + HINT_SEPARATOR + transcript.hint
+    conversation = Conversation.start(tokenizer, system_prompt, first)
+    stop = tokenizer.eos_token_ids[0]
+    for turn, action in enumerate(transcript.actions):
+        ids = tokenizer.encode(action) + [stop]
+        conversation.add_response(ids, [0.0] * len(ids), action)
+        if turn + 1 < len(transcript.actions):
+            conversation.add_observation(tokenizer, transcript.observations[turn + 1], response_finished=True)
+    tokens, generated, _ = conversation.arrays()
+    return TrainSequence(tokens, generated, np.zeros(len(tokens), np.float32), advantage=0.0, role="agent")
+
+
+def chat_texts(designer: Sequence[tuple[list[dict], str]], transcripts: Sequence[Transcript],
+               system_prompt: str = AGENT_SYSTEM_PROMPT) -> list[str]:
+    """Plain texts of all examples (tokenizer training material), in the proportions trained on."""
+    texts = []
+    for messages, code in designer:
+        texts.extend(m["content"] for m in messages)
+        texts.append(designer_answer(code))
+    for t in transcripts:
+        texts.append(system_prompt)
+        texts.append(t.observations[0] + (HINT_SEPARATOR + t.hint if t.hint else ""))
+        texts.extend(t.observations[1:])
+        texts.extend(t.actions)
+    return texts

@@ -1,0 +1,195 @@
+"""The tiny preset's bootstrap: its training data, tokenizer, a short training run and the cache.
+
+The full-size bar (admission rate of designed programs, agent win rate) is measured by
+bench/tiny_bootstrap.py; here a very small configuration checks the mechanism.
+"""
+
+import random
+
+import numpy as np
+import pytest
+
+from spade_jax.agent.conversation import Conversation
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR
+from spade_jax.designer.corpus import Corpus, CorpusConfig
+from spade_jax.designer.prompts import DESIGNER_SYSTEM_PROMPT, designer_answer
+from spade_jax.envs import library
+from spade_jax.models.tokenizer import IM_END, SentencePieceTokenizer, render_chatml
+from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
+from spade_jax.selfplay import bootstrap
+from spade_jax.selfplay import bootstrap_data as data
+
+TINY = bootstrap.BootstrapConfig(
+    num_programs=12, agent_seeds=1, vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=1,
+    num_heads=2, head_dim=32, steps=8, warmup_steps=2, rows=1, micro_batch_rows=1, row_length=4096, lr=1e-2)
+KEYS = [(env.name, difficulty) for env in library.SEED_ENVS[::6] for difficulty in ("easy", "hard")]
+
+
+@pytest.fixture(scope="module")
+def programs():
+    return data.render_programs(KEYS, 12, random.Random(0), 0.5)
+
+
+@pytest.fixture(scope="module")
+def transcripts(programs):
+    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+        return data.play_solutions(pool, [p.code for p in programs], [0, 1], max_turns=8)
+
+
+@pytest.fixture(scope="module")
+def slots():
+    prompt = data.PromptConfig()
+    memory = data.seeded_memory(prompt)
+    corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
+    return data.designer_slots(12, memory, [corpus.document(i) for i in range(len(corpus))], prompt,
+                               bootstrap.BootstrapConfig().envs, np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def prompts(slots, programs):
+    return [(slot.messages, program.code) for slot, program in zip(slots, programs)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(prompts, transcripts, tmp_path_factory):
+    texts = data.chat_texts(prompts, transcripts)
+    return SentencePieceTokenizer.train(texts, 768, tmp_path_factory.mktemp("tok") / "sp",
+                                        user_defined_symbols=bootstrap.TOKENIZER_SYMBOLS,
+                                        split_by_unicode_script=False, split_by_whitespace=False)
+
+
+def test_programs_cycle_through_the_keys_and_are_deterministic(programs):
+    assert [(p.name, p.difficulty) for p in programs] == KEYS * 2
+    assert [p.code for p in data.render_programs(KEYS, 12, random.Random(0), 0.5)] == [p.code for p in programs]
+    for p in programs:
+        env = library.get(p.name)
+        assert all(value in env.knobs[knob] for knob, value in p.knobs.items())
+
+
+def test_designer_slots_are_iteration_zero_prompts_answered_with_a_seed_of_their_skill(slots):
+    assert {s.skill for s in slots} == set(library.SKILLS)
+    assert {s.difficulty for s in slots} == {"easy", "medium", "hard"}
+    for slot in slots:
+        user = slot.messages[1]["content"]
+        assert f"Skill: {slot.skill}\nDifficulty: {slot.difficulty}" in user
+        assert slot.env in bootstrap.BootstrapConfig().envs and library.get(slot.env).skill == slot.skill
+        assert "[... truncated: first 40 of" in user  # a 40-word document excerpt
+        # one exemplar from the seeded memory, its first 4 lines only
+        assert user.count("```python\n") == 1 and "\n# ... (truncated)\n```" in user
+
+
+def test_knobs_follow_the_difficulty_third_of_each_range():
+    env = library.get("number_guess")  # MAX_NUMBER 4..1000
+    rng = random.Random(0)
+    easy = [data.knobs_for(env, "easy", rng)["MAX_NUMBER"] for _ in range(50)]
+    hard = [data.knobs_for(env, "hard", rng)["MAX_NUMBER"] for _ in range(50)]
+    assert max(easy) < 4 + 997 // 3 + 1 and min(hard) >= 4 + 2 * 997 // 3
+
+
+def test_every_rendered_program_passes_admission_against_the_seed_sources(programs):
+    archive = [library.load_source(env.name) for env in library.SEED_ENVS]
+    reports = admit_batch([designer_answer(p.code) for p in programs], AdmissionConfig(), archive)
+    assert [(r.stage, r.reason) for r in reports if not r.admitted] == []
+    assert all(r.details["max_similarity"] < 0.85 for r in reports)
+
+
+def test_solution_transcripts_come_in_plain_and_hinted_pairs(programs, transcripts):
+    assert len(transcripts) >= len(programs)  # most plays fit 8 turns
+    for plain, hinted in zip(transcripts[::2], transcripts[1::2]):
+        assert plain.hint is None and hinted.hint == f"A winning first action is {plain.actions[0]}"
+        assert plain.actions == hinted.actions and len(plain.observations) == len(plain.actions)
+
+
+def test_designer_sequence_is_the_prompt_then_the_trained_answer(prompts, tokenizer):
+    messages, code = prompts[0]
+    seq = data.designer_sequence(tokenizer, messages, code)
+    prompt_len = int(np.argmax(seq.loss_mask))
+    assert not seq.loss_mask[:prompt_len].any() and seq.loss_mask[prompt_len:].all()
+    assert seq.tokens[:prompt_len].tolist() == tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert messages[0]["content"] == DESIGNER_SYSTEM_PROMPT
+    assert tokenizer.decode(seq.tokens[:prompt_len], skip_special_tokens=False) == render_chatml(messages)
+    answer = tokenizer.decode(seq.tokens[prompt_len:], skip_special_tokens=False)
+    assert answer == designer_answer(code) + IM_END and seq.tokens[-1] == tokenizer.im_end_id
+    assert seq.role == "designer"
+
+
+def test_agent_sequence_is_the_conversation_the_rollout_builds(transcripts, tokenizer):
+    hinted = next(t for t in transcripts if t.hint and len(t.actions) >= 2)
+    seq = data.agent_sequence(tokenizer, hinted)
+    conversation = Conversation.start(tokenizer, AGENT_SYSTEM_PROMPT,
+                                      hinted.observations[0] + HINT_SEPARATOR + hinted.hint)
+    for turn, action in enumerate(hinted.actions):
+        ids = tokenizer.encode(action) + [tokenizer.im_end_id]
+        conversation.add_response(ids, [0.0] * len(ids), action)
+        if turn + 1 < len(hinted.actions):
+            conversation.add_observation(tokenizer, hinted.observations[turn + 1], response_finished=True)
+    assert seq.tokens.tolist() == conversation.tokens and seq.loss_mask.tolist() == conversation.generated
+    # the trained runs are exactly the actions, each closed by the end-of-turn token
+    edges = np.flatnonzero(np.diff(np.r_[0, seq.loss_mask.astype(int), 0]))
+    runs = [tokenizer.decode(seq.tokens[a:b], skip_special_tokens=False) for a, b in zip(edges[::2], edges[1::2])]
+    assert runs == [action + IM_END for action in hinted.actions]
+    text = tokenizer.decode(seq.tokens, skip_special_tokens=False)
+    assert f"HINT: A winning first action is {hinted.actions[0]}" in text and seq.role == "agent"
+
+
+def test_tokenizer_keeps_programs_exactly_and_markers_whole(programs, tokenizer):
+    for p in programs:
+        assert tokenizer.decode(tokenizer.encode(p.code)) == p.code
+    for symbol in bootstrap.TOKENIZER_SYMBOLS + (IM_END,):
+        assert len(tokenizer.encode(symbol)) == 1
+
+
+def test_bootstrap_trains_caches_and_retrains_on_a_config_change(tmp_path, monkeypatch):
+    policy = bootstrap.bootstrap_policy(tmp_path, TINY, progress=False)
+    path = tmp_path / f"bootstrap-{bootstrap.cache_key(TINY)}"
+    stats = bootstrap.bootstrap_stats(path)
+    assert stats["admission"]["admitted"] == stats["admission"]["rendered"] == 12
+    curve = stats["loss"]["curve"]
+    assert len(curve) == TINY.steps and np.mean(curve[-2:]) < curve[0] - 0.5
+    assert policy.config.vocab_size == policy.tokenizer.vocab_size == 768
+
+    def no_build(*args):
+        raise AssertionError("a cached bootstrap was rebuilt")
+
+    monkeypatch.setattr(bootstrap, "_build", no_build)
+    again = bootstrap.bootstrap_policy(tmp_path, TINY, progress=False)
+    tokens = np.asarray([again.tokenizer.encode("class GuessEnv:")], np.int32)
+    np.testing.assert_array_equal(again.logits(tokens), policy.logits(tokens))
+
+    changed = bootstrap.BootstrapConfig(**{**TINY.__dict__, "steps": 9})
+    assert bootstrap.cache_key(changed) != bootstrap.cache_key(TINY)
+    built = []
+    monkeypatch.setattr(bootstrap, "_build", lambda p, cfg, progress: built.append(cfg) or no_build())
+    with pytest.raises(AssertionError):
+        bootstrap.bootstrap_policy(tmp_path, changed, progress=False)
+    assert built == [changed]
+
+
+def test_compile_warm_up_leaves_the_initial_state_untouched():
+    from spade_jax.models import ModelConfig, make_mesh, random_policy
+    from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
+
+    import jax
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                         num_kv_heads=2, head_dim=16)
+    trainer = Trainer(random_policy(config, mesh=make_mesh((1, 1, 1), jax.devices()[:1])),
+                      OptimConfig(lr=1e-2), LossConfig(objective="nll"))
+    before = jax.device_get(trainer.state_dict())
+    bootstrap._compile(trainer, bootstrap.BootstrapConfig(rows=2, row_length=32))
+    after = jax.device_get(trainer.state_dict())
+    assert after["step"] == before["step"] == 0
+    jax.tree.map(np.testing.assert_array_equal, after["params"], before["params"])
+    jax.tree.map(np.testing.assert_array_equal, after["opt_state"], before["opt_state"])
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="rows must be a power of two"):
+        bootstrap.BootstrapConfig(rows=6)
+    with pytest.raises(ValueError, match="hidden_size must equal"):
+        bootstrap.BootstrapConfig(hidden_size=100)
+    with pytest.raises(ValueError, match="causal inference"):
+        bootstrap.BootstrapConfig(envs=("shopping", "number_guess", "compass_walk", "repeat_pattern", "knapsack"))
+    with pytest.raises(ValueError, match="unknown seed environment"):
+        bootstrap.BootstrapConfig(envs=("nope",))
