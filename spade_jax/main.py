@@ -13,6 +13,7 @@ SPADE_COORDINATOR, SPADE_NUM_PROCESSES and SPADE_PROCESS_ID (explicit, e.g. CPU 
 from __future__ import annotations
 
 import json
+import logging as std_logging
 import os
 import sys
 
@@ -26,6 +27,7 @@ config_flags.DEFINE_config_file(
 )
 flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, gallery.", required=True)
 flags.DEFINE_bool("allow_config_change", False, "Resume a workdir whose saved config differs.")
+flags.DEFINE_bool("library_logs", False, "Also show INFO logs of orbax and tensorflow_datasets (very chatty).")
 
 # Fields a resumed run may change without --allow_config_change.
 _RESUMABLE_CHANGES = ("num_iterations", "log", "checkpoint")
@@ -46,6 +48,15 @@ def _init_distributed() -> None:
         num_processes=count,
         process_id=int(os.environ["SPADE_PROCESS_ID"]),
     )
+
+
+class _QuietLibraries(std_logging.Filter):
+    """Drops the INFO/WARNING chatter of checkpointing and dataset libraries (errors still show)."""
+
+    _CHATTY = ("orbax", "tensorflow_datasets", "etils", "xla_bridge")
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return record.levelno >= std_logging.ERROR or not any(name in record.pathname for name in self._CHATTY)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -87,6 +98,8 @@ def check_workdir(workdir: str, config_json: dict, allow_change: bool) -> None:
 
 def main(argv) -> None:
     del argv
+    if not flags.FLAGS.library_logs:
+        logging.get_absl_handler().addFilter(_QuietLibraries())
     _init_distributed()
     import jax
 

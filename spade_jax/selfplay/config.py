@@ -150,6 +150,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("model.source", f"must be one of {MODEL_SOURCES}, got {c.model.source!r}")
     if c.model.source == "pretrained" and not c.model.path:
         _fail("model.path", "model.source='pretrained' needs a path (HF directory, .gguf file, or 'packaged')")
+    if c.model.source == "bootstrap":
+        _validate_bootstrap(c)
     for field in ("dtype", "param_dtype"):
         if c.model[field] not in ("float32", "bfloat16"):
             _fail(f"model.{field}", f"must be float32 or bfloat16, got {c.model[field]!r}")
@@ -189,6 +191,41 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
             "rl.micro_batch_rows",
             f"{c.rl.micro_batch_rows} is not divisible by the data-parallel size {data_parallel} (mesh data x fsdp)",
         )
+    _validate_stage_configs(c)
+
+
+def _validate_stage_configs(c: ml_collections.ConfigDict) -> None:
+    """Builds every stage's config, so their own checks also run before any work."""
+    from spade_jax.selfplay import setup
+
+    builders = {
+        "designer": setup.designer_config, "admission": setup.admission_config, "agent": setup.agent_config,
+        "hints": setup.hint_config, "designer.reward": setup.reward_config, "sandbox": setup.sandbox_config,
+        "rl": setup.optim_config, "rl ": setup.loss_config,
+    }
+    for section, build in builders.items():
+        try:
+            build(c)
+        except (TypeError, ValueError) as err:
+            _fail(section.strip(), str(err))
+
+
+def _validate_bootstrap(c: ml_collections.ConfigDict) -> None:
+    """The bootstrap's own checks, and the designer prompt sizes it was trained on."""
+    from spade_jax.selfplay.setup import bootstrap_config
+
+    boot = bootstrap_config(c)
+    trained_on = {
+        "corpus.max_words": ("doc_max_words", c.corpus.max_words),
+        "designer.n_positive": ("exemplars_positive", c.designer.n_positive),
+        "designer.n_negative": ("exemplars_negative", c.designer.n_negative),
+        "memory.max_code_lines": ("exemplar_max_lines", c.memory.max_code_lines),
+        "memory.max_code_chars": ("exemplar_max_chars", c.memory.max_code_chars),
+    }
+    for field, (boot_field, value) in trained_on.items():
+        if value != getattr(boot, boot_field):
+            _fail(field, f"is {value} but the bootstrap was trained on bootstrap.{boot_field}="
+                         f"{getattr(boot, boot_field)}; set both to the same value")
 
 
 def parse_arg(arg: str | None, **defaults):

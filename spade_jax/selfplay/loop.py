@@ -105,8 +105,8 @@ class SelfPlay:
                 try:
                     metrics, env_records = self.iteration(self.state.iteration)
                 except Preempted:
-                    logging.warning("SIGTERM: saving iteration %d and exiting", self.state.iteration)
                     self._save(self.state.iteration, snapshot)
+                    self._announce_preemption()
                     break
                 it = self.state.iteration
                 self.state.history.append(metrics)
@@ -121,6 +121,7 @@ class SelfPlay:
                     self._save(self.state.iteration)
                 if self._preempted:
                     self._save(self.state.iteration)
+                    self._announce_preemption()
                     break
         finally:
             if previous is not None:
@@ -183,6 +184,10 @@ class SelfPlay:
             return
         self.checkpointer.save(step, self.trainer.state_dict(), meta or self._meta())
         self._saved_step = step
+
+    def _announce_preemption(self) -> None:
+        if self.main:
+            print(f"SIGTERM: saved the state before iteration {self.state.iteration}; exiting", flush=True)
 
     def _on_sigterm(self, signum, frame) -> None:
         self._preempted = True

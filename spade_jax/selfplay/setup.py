@@ -39,11 +39,7 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
         path = packaged_smollm2_path() if c.model.path == "packaged" else c.model.path
         return load_pretrained(path, dtype=c.model.dtype, param_dtype=c.model.param_dtype, mesh=mesh, progress=c.log.progress)
     if c.model.source == "bootstrap":
-        from spade_jax.selfplay.bootstrap import BootstrapConfig, bootstrap_policy
-
-        cache_dir = c.bootstrap.get("cache_dir") or os.path.join(workdir, "bootstrap")
-        fields = {k: v for k, v in c.bootstrap.to_dict().items() if k != "cache_dir"}
-        return bootstrap_policy(cache_dir, BootstrapConfig(**_tuples(fields)), mesh=mesh, progress=c.log.progress)
+        return _bootstrapped_policy(c, workdir, mesh)
     tokenizer = load_tokenizer(c.model.tokenizer_path) if c.model.tokenizer_path else None
     arch = dict(c.model.arch)
     if not arch.get("vocab_size"):
@@ -53,6 +49,36 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
     model_config = ModelConfig(**arch, dtype=c.model.dtype, param_dtype=c.model.param_dtype)
     logging.info("random policy: %.2fM parameters", model_config.num_params / 1e6)
     return random_policy(model_config, tokenizer, seed=c.seed, mesh=mesh)
+
+
+def bootstrap_config(c: ml_collections.ConfigDict):
+    """`config.bootstrap` (less `cache_dir`) as a `BootstrapConfig`; ValueError names a bad field."""
+    from spade_jax.selfplay.bootstrap import BootstrapConfig
+
+    if "bootstrap" not in c:
+        raise ValueError("config.bootstrap: model.source='bootstrap' needs a bootstrap section (see configs/tiny.py)")
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in c.bootstrap.to_dict().items() if k != "cache_dir"}
+    try:
+        return BootstrapConfig(**fields)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config.bootstrap: {err}") from None
+
+
+def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
+    """Trains the bootstrap once (process 0 of a multi-process run; the others wait), then loads it."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    from spade_jax.selfplay.bootstrap import bootstrap_policy, cache_key, load_bootstrap
+
+    cfg = bootstrap_config(c)
+    cache_dir = os.path.expanduser(c.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))
+    if jax.process_count() == 1:
+        return bootstrap_policy(cache_dir, cfg, mesh=mesh, progress=c.log.progress)
+    if jax.process_index() == 0:
+        bootstrap_policy(cache_dir, cfg, mesh=None, progress=c.log.progress)
+    multihost_utils.sync_global_devices("spade_jax bootstrap cached")
+    return load_bootstrap(os.path.join(cache_dir, f"bootstrap-{cache_key(cfg)}"), mesh)
 
 
 def load_tokenizer(path: str):
@@ -67,10 +93,6 @@ def load_tokenizer(path: str):
     if os.path.isdir(path):
         return HFTokenizer.from_pretrained(path)
     raise FileNotFoundError(f"config.model.tokenizer_path: {path} is not a .gguf, .model or tokenizer directory")
-
-
-def _tuples(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
 
 
 def mesh_from_config(c: ml_collections.ConfigDict):

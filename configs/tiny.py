@@ -1,0 +1,76 @@
+"""The CPU default: a small policy bootstrapped on this machine from the seed library, then self-play.
+
+    bash launch/run_local.sh                                   # this preset, workdir workdirs/tiny
+    python -m spade_jax.main --config=configs/tiny.py --workdir=workdirs/tiny
+    python -m spade_jax.main --config=configs/tiny.py:runlocal --workdir=/tmp/tiny_smoke
+
+The first run trains the bootstrap (`spade_jax/selfplay/bootstrap.py`: a SentencePiece
+tokenizer and a small Llama-family model trained from scratch on renderings of the seed
+library and on solution transcripts) and caches it under `bootstrap.cache_dir` (default:
+`<workdir>/bootstrap`; point several runs at one directory to train it once). Later runs
+load it in seconds. The designer's prompt sizes below must equal the bootstrap's
+(`validate` checks): the bootstrap was trained on exactly those prompts.
+
+`runlocal` swaps in a minute-sized bootstrap and a few short episodes: a check of the
+mechanism (the tests use it), not a policy that writes working programs.
+
+Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
+"""
+
+import ml_collections
+
+from spade_jax.selfplay.bootstrap import BootstrapConfig
+from spade_jax.selfplay.config import base_config, parse_arg
+
+# The minute-sized bootstrap of `runlocal`: enough to exercise every stage, not to design.
+RUNLOCAL_BOOTSTRAP = dict(
+    num_programs=12, agent_seeds=1, vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=1,
+    num_heads=2, head_dim=32, steps=8, warmup_steps=2, rows=1, micro_batch_rows=1, row_length=4096, lr=1e-2,
+)
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    boot = BootstrapConfig(**(RUNLOCAL_BOOTSTRAP if arg.runlocal else {}))
+    c = base_config()
+    c.num_iterations = 10
+    c.model.source = "bootstrap"
+    c.bootstrap = ml_collections.ConfigDict({**boot.to_dict(), "cache_dir": ""})
+    c.mesh.shape = (-1, 1, 1)
+
+    # What the bootstrap was trained on: the same prompt sizes, turns and hints.
+    c.corpus.max_words = boot.doc_max_words
+    c.designer.n_positive = boot.exemplars_positive
+    c.designer.n_negative = boot.exemplars_negative
+    c.memory.max_code_lines = boot.exemplar_max_lines
+    c.memory.max_code_chars = boot.exemplar_max_chars
+    c.agent.max_turns = boot.agent_max_turns
+    c.hints.mode = "solution"
+    c.admission.novelty_threshold = boot.novelty_threshold
+
+    c.designer.num_slots = 8
+    c.designer.max_new_tokens = 400
+    c.designer.temperature = 0.5
+    c.admission.num_seeds = 2
+    c.agent.episodes_per_env = 4
+    c.agent.max_new_tokens = 48
+    c.agent.context_budget = 1024
+    c.agent.temperature = 1.0
+    c.agent.replay_envs = 2
+    c.rl.lr = 1e-5
+    c.rl.weight_decay = 0.0
+    c.rl.row_length = 1024
+    c.sandbox.num_workers = 2
+
+    if arg.runlocal:
+        c.num_iterations = 2
+        c.designer.num_slots = 2
+        c.designer.max_new_tokens = 48
+        c.agent.episodes_per_env = 2
+        c.agent.max_turns = 2
+        c.agent.max_new_tokens = 12
+        c.agent.context_budget = 768
+        c.agent.replay_envs = 1
+        c.rl.row_length = 2048
+        c.log.progress = False
+    return c

@@ -1,0 +1,78 @@
+"""Presets load and validate; nonsense stops before any work with one message naming the field."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spade_jax.selfplay.config import validate
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = ["tiny", "smollm2_135m", "qwen3_0p6b", "qwen3_4b", "qwen3_8b"]
+
+
+def _preset(name: str, arg: str | None = None):
+    spec = importlib.util.spec_from_file_location(f"preset_{name}", REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg)
+    assert module.__doc__ and "python -m spade_jax.main" in module.__doc__  # the run command
+    return config
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("arg", [None, "runlocal"])
+def test_every_preset_validates(name, arg):
+    config = _preset(name, arg)
+    if config.model.source == "pretrained" and not config.model.path:
+        config.model.path = "/path/given/by/the/user"
+    validate(config, num_devices=1)
+    validate(config, num_devices=8)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda c: setattr(c.mesh, "shape", (3, 1, 1)), "mesh.shape"),
+        (lambda c: setattr(c.mesh, "shape", (2, -1, -1)), "mesh.shape"),
+        (lambda c: setattr(c.rl, "micro_batch_rows", 3), "rl.micro_batch_rows"),
+        (lambda c: setattr(c.model, "source", "downloaded"), "model.source"),
+        (lambda c: setattr(c.designer, "skills", ("juggling",)), "designer.skills"),
+        (lambda c: setattr(c.agent, "context_budget", 16), "agent.context_budget"),
+        (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
+        (lambda c: setattr(c.corpus, "max_words", 300), "corpus.max_words"),  # the bootstrap saw 40
+        (lambda c: setattr(c.bootstrap, "rows", 6), "bootstrap"),
+        (lambda c: setattr(c.bootstrap, "typo_field", 1), "typo_field"),
+    ],
+)
+def test_nonsense_fails_with_one_message_naming_the_field(change, field):
+    config = _preset("tiny")
+    config.designer.regeneration_period = 2
+    config.rl.micro_batch_rows = 4
+    with config.unlocked():
+        change(config)
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        validate(config, num_devices=2)
+
+
+def _main(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spade_jax.main", *flags], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={"PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--config.rl.no_such_field=1", "no_such_field"),
+        ("--config.rl.lr=fast", "rl.lr"),
+        ("--config.mesh.shape=(4,1,1)", "does not fit the 1 available devices"),
+    ],
+)
+def test_main_stops_before_any_work_on_a_bad_flag(tmp_path, flag, message):
+    workdir = tmp_path / "run"
+    result = _main("--config=configs/tiny.py", f"--workdir={workdir}", flag)
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout
+    assert not workdir.exists()  # nothing was written, nothing was trained
