@@ -47,3 +47,46 @@ def small_tokenizer(tmp_path_factory):
     texts = [library.load_source(env.name) for env in library.SEED_ENVS]
     prefix = tmp_path_factory.mktemp("small_tokenizer") / "sp"
     return SentencePieceTokenizer.train(texts, vocab_size=512, model_prefix=prefix)
+
+
+@pytest.fixture(scope="session")
+def tiny_bootstrap_cache(tmp_path_factory) -> Path:
+    """A bootstrap cache holding the `tiny:runlocal` policy (built once per session, about a minute)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from configs import tiny
+    from spade_jax.selfplay.bootstrap import BootstrapConfig, bootstrap_policy
+
+    cache = tmp_path_factory.mktemp("tiny_bootstrap")
+    bootstrap_policy(cache, BootstrapConfig(**tiny.RUNLOCAL_BOOTSTRAP), progress=False)
+    return cache
+
+
+_RUNLOCAL_CONFIG = '''"""tiny:runlocal with the test session's bootstrap cache."""
+import sys
+
+sys.path.insert(0, {repo!r})
+from configs import tiny
+
+
+def get_config(arg=None):
+    c = tiny.get_config("runlocal")
+    c.bootstrap.cache_dir = {cache!r}
+    c.num_iterations = {iterations}
+    return c
+'''
+
+
+@pytest.fixture(scope="session")
+def runlocal_config(tmp_path_factory, tiny_bootstrap_cache):
+    """`runlocal_config(iterations) -> path` of a config file for `spade_jax.main` (tiny:runlocal, shared cache)."""
+    directory = tmp_path_factory.mktemp("configs")
+    repo = str(Path(__file__).resolve().parents[1])
+
+    def write(iterations: int) -> Path:
+        path = directory / f"runlocal_{iterations}.py"
+        path.write_text(_RUNLOCAL_CONFIG.format(repo=repo, cache=str(tiny_bootstrap_cache), iterations=iterations))
+        return path
+
+    return write
