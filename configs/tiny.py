@@ -60,6 +60,7 @@ def get_config(arg=None):
     c.rl.lr = 1e-5
     c.rl.weight_decay = 0.0
     c.rl.row_length = 1024
+    c.rl.micro_batch_rows = 8  # bounds activation memory; divisible by 1, 2, 4 and 8 devices
     c.sandbox.num_workers = 2
 
     if arg.runlocal:
@@ -72,5 +73,6 @@ def get_config(arg=None):
         c.agent.context_budget = 768
         c.agent.replay_envs = 1
         c.rl.row_length = 2048
+        c.rl.micro_batch_rows = 0
         c.log.progress = False
     return c

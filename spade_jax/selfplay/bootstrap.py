@@ -75,7 +75,9 @@ class BootstrapConfig:
     Prompts (shared with the self-play designer, which must use the same values):
     ``doc_max_words`` (corpus max_words), ``exemplars_positive`` / ``exemplars_negative``
     (memory exemplars per prompt), ``exemplar_max_lines`` / ``exemplar_max_chars``
-    (memory code truncation); see the `prompt` property.
+    (memory code truncation); see the `prompt` property. No exemplars by default: the
+    small model broke on exemplars unlike its training ones (measured designs after
+    iteration 0); without them the prompts it answers look the same at every iteration.
     Data: designer answers are structural variants of the seed programs named in ``envs``
     (one per prompt skill at least), ``num_programs`` of them rendered (each rewrite
     applied with probability ``rewrite_p``, redrawn while the similarity to a seed reaches
@@ -91,7 +93,7 @@ class BootstrapConfig:
 
     seed: int = 0
     doc_max_words: int = 40
-    exemplars_positive: int = 1
+    exemplars_positive: int = 0
     exemplars_negative: int = 0
     exemplar_max_lines: int = 4
     exemplar_max_chars: int = 400
