@@ -83,7 +83,7 @@ def main() -> None:
     rows: list[tuple[str, str]] = []
 
     clock = time.perf_counter()
-    path = Path(args.load) if args.load else Path(cache_dir) / f"bootstrap-{bootstrap.cache_key(cfg)}"
+    path = Path(args.load) if args.load else bootstrap.cache_path(cache_dir, cfg)
     cached = (path / "DONE").exists()
     policy = bootstrap.load_bootstrap(path) if args.load else bootstrap.bootstrap_policy(cache_dir, cfg)
     bootstrap_s = time.perf_counter() - clock

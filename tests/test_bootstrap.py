@@ -142,7 +142,7 @@ def test_tokenizer_keeps_programs_exactly_and_markers_whole(programs, tokenizer)
 
 def test_bootstrap_trains_caches_and_retrains_on_a_config_change(tmp_path, monkeypatch):
     policy = bootstrap.bootstrap_policy(tmp_path, TINY, progress=False)
-    path = tmp_path / f"bootstrap-{bootstrap.cache_key(TINY)}"
+    path = bootstrap.cache_path(tmp_path, TINY)
     stats = bootstrap.bootstrap_stats(path)
     assert stats["admission"]["admitted"] == stats["admission"]["rendered"] == 12
     curve = stats["loss"]["curve"]

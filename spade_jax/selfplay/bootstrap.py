@@ -173,10 +173,15 @@ def cache_key(cfg: BootstrapConfig) -> str:
     return h.hexdigest()[:20]
 
 
+def cache_path(cache_dir: str | os.PathLike, cfg: BootstrapConfig) -> Path:
+    """Where the bootstrap for ``cfg`` lives (or will live) under ``cache_dir``."""
+    return Path(cache_dir).expanduser() / f"bootstrap-{cache_key(cfg)}"
+
+
 def bootstrap_policy(cache_dir: str | os.PathLike, cfg: BootstrapConfig = BootstrapConfig(),
                      mesh: Mesh | None = None, progress: bool = True) -> Policy:
     """The bootstrapped policy for ``cfg``: loaded from ``cache_dir``, or trained there first."""
-    path = Path(cache_dir).expanduser() / f"bootstrap-{cache_key(cfg)}"
+    path = cache_path(cache_dir, cfg)
     if not (path / _DONE).exists():
         _build(path, cfg, progress)
     return load_bootstrap(path, mesh)
@@ -452,4 +457,4 @@ def _summary(values) -> dict:
 
 
 __all__ = ["BOOTSTRAP_VERSION", "BootstrapConfig", "BootstrapError", "PromptConfig", "bootstrap_policy",
-           "bootstrap_stats", "cache_key", "load_bootstrap"]
+           "bootstrap_stats", "cache_key", "cache_path", "load_bootstrap"]

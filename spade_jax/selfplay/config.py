@@ -198,16 +198,16 @@ def _validate_stage_configs(c: ml_collections.ConfigDict) -> None:
     """Builds every stage's config, so their own checks also run before any work."""
     from spade_jax.selfplay import setup
 
-    builders = {
-        "designer": setup.designer_config, "admission": setup.admission_config, "agent": setup.agent_config,
-        "hints": setup.hint_config, "designer.reward": setup.reward_config, "sandbox": setup.sandbox_config,
-        "rl": setup.optim_config, "rl ": setup.loss_config,
-    }
-    for section, build in builders.items():
+    builders = [
+        ("designer", setup.designer_config), ("admission", setup.admission_config), ("agent", setup.agent_config),
+        ("hints", setup.hint_config), ("designer.reward", setup.reward_config), ("sandbox", setup.sandbox_config),
+        ("rl", setup.optim_config), ("rl", setup.loss_config),
+    ]
+    for section, build in builders:
         try:
             build(c)
         except (TypeError, ValueError) as err:
-            _fail(section.strip(), str(err))
+            _fail(section, str(err))
 
 
 def _validate_bootstrap(c: ml_collections.ConfigDict) -> None:

@@ -69,7 +69,7 @@ def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Po
     import jax
     from jax.experimental import multihost_utils
 
-    from spade_jax.selfplay.bootstrap import bootstrap_policy, cache_key, load_bootstrap
+    from spade_jax.selfplay.bootstrap import bootstrap_policy, cache_path, load_bootstrap
 
     cfg = bootstrap_config(c)
     cache_dir = os.path.expanduser(c.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))
@@ -78,7 +78,7 @@ def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Po
     if jax.process_index() == 0:
         bootstrap_policy(cache_dir, cfg, mesh=None, progress=c.log.progress)
     multihost_utils.sync_global_devices("spade_jax bootstrap cached")
-    return load_bootstrap(os.path.join(cache_dir, f"bootstrap-{cache_key(cfg)}"), mesh)
+    return load_bootstrap(cache_path(cache_dir, cfg), mesh)
 
 
 def load_tokenizer(path: str):
