@@ -22,21 +22,21 @@ CONFIG = ModelConfig(
     num_heads=4, num_kv_heads=2, head_dim=16, family="qwen3", qk_norm=True,
 )
 
-EXPECTED_SPECS = {  # TRAIN_RULES on (data, fsdp, tensor) = (2, 2, 2)
+EXPECTED_SPECS = {  # TRAIN_RULES on (data, fsdp, tensor) = (2, 2, 2); "layers/{i}/..." for every layer i
     "embed_VD": P("tensor", "fsdp"),
     "lm_head_DV": P("fsdp", "tensor"),
     "final_norm_D": P("fsdp"),
-    "attn_norm_LD": P(None, "fsdp"),
-    "mlp_norm_LD": P(None, "fsdp"),
-    "attn/q_LDNH": P(None, "fsdp", "tensor", None),
-    "attn/k_LDKH": P(None, "fsdp", "tensor", None),
-    "attn/v_LDKH": P(None, "fsdp", "tensor", None),
-    "attn/o_LNHD": P(None, "tensor", None, "fsdp"),
-    "attn/q_norm_LH": P(None, None),
-    "attn/k_norm_LH": P(None, None),
-    "mlp/gate_LDF": P(None, "fsdp", "tensor"),
-    "mlp/up_LDF": P(None, "fsdp", "tensor"),
-    "mlp/down_LFD": P(None, "tensor", "fsdp"),
+    "layers/{i}/attn_norm_D": P("fsdp"),
+    "layers/{i}/mlp_norm_D": P("fsdp"),
+    "layers/{i}/attn/q_DNH": P("fsdp", "tensor", None),
+    "layers/{i}/attn/k_DKH": P("fsdp", "tensor", None),
+    "layers/{i}/attn/v_DKH": P("fsdp", "tensor", None),
+    "layers/{i}/attn/o_NHD": P("tensor", None, "fsdp"),
+    "layers/{i}/attn/q_norm_H": P(None),
+    "layers/{i}/attn/k_norm_H": P(None),
+    "layers/{i}/mlp/gate_DF": P("fsdp", "tensor"),
+    "layers/{i}/mlp/up_DF": P("fsdp", "tensor"),
+    "layers/{i}/mlp/down_FD": P("tensor", "fsdp"),
 }
 
 
@@ -73,10 +73,13 @@ def _padded_batch(rng, B=4, T=12):
 
 def test_parameters_sharded_as_rules_say(policies):
     params = _params(policies["222"])
-    assert set(params) == set(EXPECTED_SPECS)
+    expected = {
+        name.format(i=i): spec for name, spec in EXPECTED_SPECS.items() for i in range(CONFIG.num_layers)
+    }
+    assert set(params) == set(expected)
     for name, value in params.items():
-        assert _spec(value) == tuple(EXPECTED_SPECS[name]), name
-        divisors = [1 if axes is None else 2 for axes in EXPECTED_SPECS[name]]
+        assert _spec(value) == tuple(expected[name]), name
+        divisors = [1 if axes is None else 2 for axes in expected[name]]
         expected_shard = tuple(d // k for d, k in zip(value.shape, divisors))
         assert all(s.data.shape == expected_shard for s in value.addressable_shards), name
     assert len(params["embed_VD"].addressable_shards) == 8
@@ -144,11 +147,11 @@ def test_smollm2_on_222_mesh_matches_one_device(smollm2_gguf_path, smollm2_polic
     """9 query / 3 kv heads do not divide tensor=2: those axes stay unsharded, the rest shard."""
     sharded = load_pretrained(smollm2_gguf_path, mesh=meshes["222"], tokenizer=False)
     params = _params(sharded)
-    assert _spec(params["attn/q_LDNH"]) == (None, "fsdp", None, None)
-    assert _spec(params["attn/k_LDKH"]) == (None, "fsdp", None, None)
-    assert _spec(params["attn/o_LNHD"]) == (None, None, None, "fsdp")
+    assert _spec(params["layers/0/attn/q_DNH"]) == ("fsdp", None, None)
+    assert _spec(params["layers/0/attn/k_DKH"]) == ("fsdp", None, None)
+    assert _spec(params["layers/29/attn/o_NHD"]) == (None, None, "fsdp")
     assert _spec(params["embed_VD"]) == ("tensor", "fsdp")
-    assert _spec(params["mlp/gate_LDF"]) == (None, "fsdp", "tensor")
+    assert _spec(params["layers/29/mlp/gate_DF"]) == ("fsdp", "tensor")
     tokens_BT = np.random.default_rng(3).integers(0, sharded.config.vocab_size, (4, 24))
     segments_BT = np.ones_like(tokens_BT)
     segments_BT[0, :7] = 0
@@ -172,8 +175,9 @@ def test_kv_cache_sharded_as_rules_say(policies):
         graphdef, state, tokens_BT, segment_positions(segments_BT), segments_BT,
         KVCache.init(CONFIG, batch=4, length=8), mesh=policy.mesh,
     )
-    for kv in (cache.k_LBSKH, cache.v_LBSKH):
-        assert _spec(kv) == (None, ("data", "fsdp"), None, "tensor", None)
-        assert kv.addressable_shards[0].data.shape == (2, 1, 8, 1, 16)
+    assert len(cache.k_BKSH) == len(cache.v_BKSH) == CONFIG.num_layers
+    for kv in cache.k_BKSH + cache.v_BKSH:
+        assert _spec(kv) == (("data", "fsdp"), "tensor", None, None)
+        assert kv.addressable_shards[0].data.shape == (1, 1, 8, 16)
         assert kv.dtype == jnp.float32
     assert _spec(cache.segment_ids_BS) == (("data", "fsdp"), None)

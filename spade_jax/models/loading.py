@@ -2,9 +2,8 @@
 
 The model is built abstractly (shapes only), the checkpoint's tensor names and
 shapes are checked against it before anything is read, and then each parameter is
-assembled on the host from lazily read (memory-mapped) checkpoint tensors, one
-stacked `(layers, ...)` tensor at a time, and placed straight onto its
-`NamedSharding`. No host copy of the whole model exists at any point.
+converted on the host from its lazily read (memory-mapped) checkpoint tensor, one
+tensor at a time, and placed straight onto its `NamedSharding`. No host copy of the whole model exists at any point.
 
 Checkpoint tensors are named by role ("q", "gate", ...) and kept in Hugging Face
 layout `(out_features, in_features)` until converted to the model's layout.
@@ -44,11 +43,17 @@ class CheckpointError(ValueError):
 class _Target:
     """One model parameter and the checkpoint tensor(s) it is made from."""
 
-    path: tuple[str, ...]  # key path in the model's state
+    path: tuple[str, ...]  # key path in the model's state (below `layers/{i}` when per_layer)
     role: str  # checkpoint tensor role, see _HF_NAMES / _GGUF_NAMES
-    stored_shape: tuple[int, ...]  # Hugging Face layout, one layer
-    convert: Callable[[np.ndarray], np.ndarray]  # stored layout -> model layout (one layer)
+    stored_shape: tuple[int, ...]  # Hugging Face layout
+    convert: Callable[[np.ndarray], np.ndarray]  # stored layout -> model layout
     per_layer: bool
+
+    def paths(self, num_layers: int) -> list[tuple[tuple, int | None]]:
+        """(state key path, layer index) of every parameter this target fills."""
+        if not self.per_layer:
+            return [(self.path, None)]
+        return [(("layers", i) + self.path, i) for i in range(num_layers)]
 
 
 def _targets(cfg: ModelConfig) -> list[_Target]:
@@ -65,20 +70,20 @@ def _targets(cfg: ModelConfig) -> list[_Target]:
     targets = [
         _Target(("embed_VD",), "embed", (V, D), same, False),
         _Target(("final_norm_D",), "final_norm", (D,), same, False),
-        _Target(("attn_norm_LD",), "attn_norm", (D,), same, True),
-        _Target(("mlp_norm_LD",), "mlp_norm", (D,), same, True),
-        _Target(("attn", "q_LDNH"), "q", (N * H, D), lambda w: w.T.reshape(D, N, H), True),
-        _Target(("attn", "k_LDKH"), "k", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
-        _Target(("attn", "v_LDKH"), "v", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
-        _Target(("attn", "o_LNHD"), "o", (D, N * H), lambda w: w.T.reshape(N, H, D), True),
-        _Target(("mlp", "gate_LDF"), "gate", (F, D), transpose, True),
-        _Target(("mlp", "up_LDF"), "up", (F, D), transpose, True),
-        _Target(("mlp", "down_LFD"), "down", (D, F), transpose, True),
+        _Target(("attn_norm_D",), "attn_norm", (D,), same, True),
+        _Target(("mlp_norm_D",), "mlp_norm", (D,), same, True),
+        _Target(("attn", "q_DNH"), "q", (N * H, D), lambda w: w.T.reshape(D, N, H), True),
+        _Target(("attn", "k_DKH"), "k", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
+        _Target(("attn", "v_DKH"), "v", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
+        _Target(("attn", "o_NHD"), "o", (D, N * H), lambda w: w.T.reshape(N, H, D), True),
+        _Target(("mlp", "gate_DF"), "gate", (F, D), transpose, True),
+        _Target(("mlp", "up_DF"), "up", (F, D), transpose, True),
+        _Target(("mlp", "down_FD"), "down", (D, F), transpose, True),
     ]
     if cfg.qk_norm:
         targets += [
-            _Target(("attn", "q_norm_LH"), "q_norm", (H,), same, True),
-            _Target(("attn", "k_norm_LH"), "k_norm", (H,), same, True),
+            _Target(("attn", "q_norm_H"), "q_norm", (H,), same, True),
+            _Target(("attn", "k_norm_H"), "k_norm", (H,), same, True),
         ]
     if not cfg.tie_word_embeddings:
         targets.append(_Target(("lm_head_DV",), "lm_head", (V, D), transpose, False))
@@ -360,29 +365,24 @@ def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.Stat
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=not show, leave=False) as bar:
         for t in targets:
             template = checkpoint.names[t.role]
-            shape = tuple(_lookup(abstract, t.path).shape)
-            if t.per_layer:
-                host = np.empty(shape, dtype)
-                for i in range(config.num_layers):
-                    host[i] = t.convert(checkpoint.read(template.format(i=i)))
-                    bar.update()
-            else:
-                host = np.array(t.convert(checkpoint.read(template)), dtype=dtype)
+            for path, layer in t.paths(config.num_layers):
+                shape = tuple(_lookup(abstract, path).shape)
+                host = np.array(t.convert(checkpoint.read(template.format(i=layer))), dtype=dtype)
+                assert host.shape == shape, (path, host.shape, shape)
+                array = jax.make_array_from_callback(shape, _lookup(shardings, path), lambda idx: host[idx])
+                node = values
+                for key in path[:-1]:
+                    node = node.setdefault(key, {})
+                node[path[-1]] = array
+                del host
                 bar.update()
-            assert host.shape == shape, (t.path, host.shape, shape)
-            array = jax.make_array_from_callback(shape, _lookup(shardings, t.path), lambda idx: host[idx])
-            node = values
-            for key in t.path[:-1]:
-                node = node.setdefault(key, {})
-            node[t.path[-1]] = array
-            del host
     if _flat_keys(values) != _flat_keys(abstract):
         raise AssertionError(f"loader targets {_flat_keys(values)} != model parameters {_flat_keys(abstract)}")
     nnx.replace_by_pure_dict(state, values)
     return state
 
 
-def _lookup(tree: dict, path: tuple[str, ...]):
+def _lookup(tree: dict, path: tuple):
     for key in path:
         tree = tree[key]
     return tree

@@ -33,7 +33,6 @@ TRAIN_RULES: Rules = (
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
     ("head_dim", ()),
-    ("layers", ()),
     ("length", ()),
     ("cache_length", ()),
 )
