@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 
 from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.sampling import compile_count, generate
-from spade_jax.sampling import sampler
+from spade_jax.sampling import host_memory, sampler
 from spade_jax.sampling.batching import bucket, pad_prompts
 from spade_jax.sampling.tokens import filter_logits
 
@@ -200,6 +203,43 @@ def test_user_errors_are_clear(tiny):
 
 
 # -------------------------------------------------------------------- sharding
+
+
+_PILE_UP_SCRIPT = """
+import sys
+import jax
+import numpy as np
+from spade_jax.models import ModelConfig, make_mesh, random_policy
+from spade_jax.sampling import generate, host_memory
+if sys.argv[1] == "no-trim":
+    host_memory._malloc_trim = lambda: None
+def peak_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
+cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=8, num_heads=4,
+                  num_kv_heads=4, head_dim=64)
+policy = random_policy(cfg, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+prompts = [list(np.random.default_rng(i).integers(0, 256, 500)) for i in range(16)]
+peaks = []
+for _ in range(5):
+    generation = generate(policy, prompts, max_new_tokens=4, temperature=0.0, stop_token_ids=[])
+    peaks.append(peak_mb())
+B, T, N = generation.stats.bucket
+print(peaks[0], peaks[-1], 2 * cfg.num_layers * B * cfg.num_kv_heads * (T + N) * cfg.head_dim * 4 / 2**20)
+"""
+
+
+@pytest.mark.skipif(host_memory._malloc_trim() is None, reason="no glibc malloc_trim in this C library")
+def test_repeated_calls_do_not_pile_up_host_memory():
+    """Each call's per-layer cache goes back to the OS on CPU; without the trim, glibc keeps them."""
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", _PILE_UP_SCRIPT, mode], capture_output=True, text=True, check=True)
+        first, last, cache_mb = map(float, out.stdout.split())
+        return last - first, cache_mb
+
+    growth, cache_mb = run("trim")
+    assert growth < 0.25 * cache_mb, (growth, cache_mb)
+    untrimmed_growth, _ = run("no-trim")
+    assert untrimmed_growth > 0.5 * cache_mb, "the allocator no longer piles up caches; the trim may be unneeded"
 
 
 def test_sharded_sampler_matches_one_device():

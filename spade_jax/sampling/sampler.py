@@ -18,9 +18,10 @@ other rows and of the bucket. Outputs are replicated, so every process of a
 multi-process run reads the full result.
 
 The decode program returns the cache it updated in place (its input buffer), so a
-later turn can be appended to it (`KVCache.end_index` marks the next free slot);
-the mesh and rules come from the policy, so a sampling layout other than training's
-only needs a policy placed that way.
+later turn could be appended to it (`KVCache.end_index` marks the next free slot);
+`generate` does not keep it yet: it frees it and, on CPU, hands the memory back to the
+OS (`host_memory`). The mesh and rules come from the policy, so a sampling layout other
+than training's only needs a policy placed that way.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from spade_jax.sampling.batching import (
     bucket,
     pad_prompts,
 )
+from spade_jax.sampling.host_memory import release_freed_memory
 from spade_jax.sampling.tokens import select_tokens, token_logprobs
 
 
@@ -162,9 +164,11 @@ def generate(
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     out, cache = programs.decode(state, cache, logits_BV, *(args[name] for name in _DECODE_INPUTS))
-    del cache  # freed now; multi-turn cache reuse would keep it
     out = jax.device_get(out)
     decode_s = time.perf_counter() - start
+    for buffer in jax.tree.leaves(cache):  # freed now, before the trim; multi-turn cache reuse would keep it
+        buffer.delete()
+    release_freed_memory(mesh.devices.flat)
 
     tokens_BN, logprobs_BN, lengths_B, finished_B, steps = out
     rows, n = batch.num_rows, max_new_tokens
