@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import jax
@@ -24,10 +26,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 from spade_jax.models import CheckpointError, load_pretrained, make_mesh
 
 TOLERANCE = 1e-4
-# SmolLM2's logits reach |80|. There float32 rounding alone separates two correct models by
-# a few 1e-4: transformers' own float32 logits are 9e-5 from its float64 ones, and XLA:CPU's
-# float32 dot is about twice as far from exact as torch's (measured 1.7e-4 vs 0.8e-4 on a
-# 576-deep contraction of this size). Wrong weights or rope give differences of order 1.
+# SmolLM2's logits reach |80| and one of its layers writes a |932| activation into the residual
+# stream, where a float32 step is 6e-5. There float32 rounding alone separates two correct
+# models by 1-2e-4: against exact (float64) logits, transformers' float32 ones are 0.9e-4 off
+# and ours 1.3e-4, and transformers' logits for the same tokens computed prefix by prefix
+# instead of in one pass are 1.1e-4 from its own. In float64 the two agree to 1e-12
+# (`test_smollm2_float64_matches_transformers_exactly`), so the gap is rounding, not the model.
 SMOLLM2_TOLERANCE = 3e-4
 
 LLAMA3_ROPE = {
@@ -312,6 +316,55 @@ def test_smollm2_gguf_random_tokens_match_transformers(smollm2_policy, smollm2_h
     diff = _max_diff(smollm2_policy.logits(tokens_BT), ref)
     print(f"SmolLM2 GGUF random tokens: max |diff| {diff:.2e}, max |logit| {float(ref.abs().max()):.1f}")
     assert diff <= SMOLLM2_TOLERANCE
+
+
+_FLOAT64_PARITY = r"""
+import sys
+import numpy as np, torch, jax
+from transformers import AutoModelForCausalLM
+from transformers.models.llama import modeling_llama
+from spade_jax.models import load_pretrained, make_mesh
+
+# transformers computes RMSNorm and rope in float32 even in a float64 model: widen both.
+def norm(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+def rope(self, x, position_ids):
+    angles = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.dtype)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+modeling_llama.LlamaRMSNorm.forward = norm
+modeling_llama.LlamaRotaryEmbedding.forward = rope
+
+path = sys.argv[1]
+ours = load_pretrained(path, dtype="float64", mesh=make_mesh((1, 1, 1), jax.devices()[:1]), tokenizer=False)
+ref = AutoModelForCausalLM.from_pretrained(path.rsplit("/", 1)[0], gguf_file=path.rsplit("/", 1)[1]).eval().double()
+H, theta = ref.config.head_dim, ref.config.rope_parameters["rope_theta"]
+ref.model.rotary_emb.inv_freq = 1.0 / theta ** (torch.arange(0, H, 2, dtype=torch.float64) / H)
+tokens_BT = np.random.default_rng(7).integers(0, ours.config.vocab_size, (2, 48))
+logits = ours.logits(tokens_BT)
+with torch.no_grad():
+    expected = ref(torch.tensor(tokens_BT)).logits.numpy()
+print(logits.dtype, float(np.abs(logits - expected).max()), float(np.abs(expected).max()))
+"""
+
+
+def test_smollm2_float64_matches_transformers_exactly(smollm2_gguf_path):
+    """In float64 (own process: 64-bit JAX is global) both models give the same logits to 1e-9."""
+    env = {**os.environ, "JAX_ENABLE_X64": "1", "XLA_FLAGS": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FLOAT64_PARITY, str(smollm2_gguf_path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dtype, diff, largest = proc.stdout.split()[-3:]
+    print(f"SmolLM2 GGUF float64: max |diff| {float(diff):.2e}, max |logit| {float(largest):.1f}")
+    assert dtype == "float64" and float(largest) > 10
+    assert float(diff) <= 1e-9
+
+
+def test_float64_needs_64_bit_jax(saved_llama):
+    with pytest.raises(CheckpointError, match="JAX_ENABLE_X64"):
+        load_pretrained(saved_llama, dtype="float64")
 
 
 def test_smollm2_config_from_gguf_metadata(smollm2_policy):

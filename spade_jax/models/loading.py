@@ -30,7 +30,7 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.policy import Policy, abstract_model
 from spade_jax.models.sharding import TRAIN_RULES, Rules, make_mesh, param_shardings
 
-SUPPORTED_DTYPES = ("float32", "bfloat16")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float64")  # float64: exact-arithmetic checks, needs jax_enable_x64
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen3")
 _PROGRESS_MIN_BYTES = 100_000_000  # show a progress bar (on a tty) from this many parameter bytes
 
@@ -408,9 +408,10 @@ def load_pretrained(
     """Loads a pretrained Llama/Qwen3 checkpoint onto `mesh` (default: the first device).
 
     `path` is a Hugging Face directory (config.json + *.safetensors, sharded or not,
-    tokenizer files optional) or a `.gguf` file (dequantised). `dtype` ("float32" or
-    "bfloat16") is the compute dtype and, unless `param_dtype` says otherwise (float32
-    master weights with bfloat16 compute, say), the parameter dtype. With `tokenizer=False`, or for a
+    tokenizer files optional) or a `.gguf` file (dequantised). `dtype` ("float32",
+    "bfloat16", or "float64" for exact-arithmetic checks under JAX_ENABLE_X64) is the
+    compute dtype and, unless `param_dtype` says otherwise (float32 master weights with
+    bfloat16 compute, say), the parameter dtype. With `tokenizer=False`, or for a
     directory without tokenizer files, `policy.tokenizer` is None. A progress bar is
     shown for big checkpoints when stderr is a terminal and `progress` is true.
     """
@@ -422,6 +423,8 @@ def load_pretrained(
     for value in (dtype, param_dtype or dtype):
         if value not in SUPPORTED_DTYPES:
             raise CheckpointError(f"unsupported dtype {value!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+        if value == "float64" and not jax.config.jax_enable_x64:
+            raise CheckpointError("dtype float64 needs 64-bit JAX: set JAX_ENABLE_X64=1 before importing jax")
     if path.is_file() and path.suffix == ".gguf":
         config, checkpoint = _open_gguf(path, dtype)
     elif path.is_dir():

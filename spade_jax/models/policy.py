@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.sharding import TRAIN_RULES, Rules, activation_sharding, make_mesh, param_shardings
-from spade_jax.models.transformer import Transformer
+from spade_jax.models.transformer import Transformer, at_least_float32
 
 
 @dataclasses.dataclass
@@ -32,7 +32,7 @@ class Policy:
         segment_ids_BT: np.ndarray | None = None,
         positions_BT: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Float32 logits `(B, T, V)` (for tests and tools).
+        """Logits `(B, T, V)` in float32 (float64 for a float64 model), for tests and tools.
 
         Rows are unpadded by default; with `segment_ids_BT` (0 = padding) positions
         default to each token's index within its segment.
@@ -68,7 +68,7 @@ def _forward(graphdef, state, tokens_BT, positions_BT, segments_BT, *, mesh, rul
     model = nnx.merge(graphdef, state)
     with activation_sharding(mesh, rules):
         logits_BTV, _ = model(tokens_BT, positions_BT, segments_BT)
-    return logits_BTV.astype(jnp.float32)
+    return logits_BTV.astype(at_least_float32(logits_BTV.dtype))
 
 
 def abstract_model(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:

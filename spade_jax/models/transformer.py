@@ -94,16 +94,23 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init:
     return nnx.Param(_init_value(rngs, shape, dtype, scale, init), logical_axes=axes)
 
 
+def at_least_float32(dtype) -> jnp.dtype:
+    """The dtype norms, rope, softmax and logits are computed in: float32, or float64 for a float64 model."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def rms_norm(x, weight, eps: float):
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (normed * weight.astype(jnp.float32)).astype(x.dtype)
+    wide = at_least_float32(x.dtype)
+    x_wide = x.astype(wide)
+    normed = x_wide * jax.lax.rsqrt(jnp.mean(x_wide * x_wide, axis=-1, keepdims=True) + eps)
+    return (normed * weight.astype(wide)).astype(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
     """Inverse frequencies, with the Llama-3 long-context rescaling when configured."""
     H = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    wide = at_least_float32(config.dtype)
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, H, 2, dtype=wide) / H))
     if config.rope_type == "llama3":
         factor = config.rope_factor
         low_wavelen = config.rope_original_max_position / config.rope_low_freq_factor
@@ -123,17 +130,17 @@ def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
 
 def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
     """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen)."""
-    angles = positions_BT[..., None].astype(jnp.float32) * inv_freq_H2
+    angles = positions_BT[..., None].astype(inv_freq_H2.dtype) * inv_freq_H2
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
-    x = x_BTNH.astype(jnp.float32)
+    x = x_BTNH.astype(at_least_float32(x_BTNH.dtype))
     x1, x2 = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x_BTNH.dtype)
 
 
 def attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
-    """Grouped-query attention over keys/values laid out `(batch, kv_heads, length, head_dim)`; softmax in float32.
+    """Grouped-query attention over keys/values laid out `(batch, kv_heads, length, head_dim)`; softmax in (at least) float32.
 
     Batch and kv heads lead and the contraction is last, so a cache is read where it lies.
     (Writing a decode step's scores as fused products and sums was 20% faster for SmolLM2 at
@@ -143,7 +150,7 @@ def attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
     K = k_BKSH.shape[1]
     q_BKGTH = q_BTNH.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
     scores_BKGTS = jnp.einsum(
-        "bkgth,bksh->bkgts", q_BKGTH, k_BKSH, preferred_element_type=jnp.float32
+        "bkgth,bksh->bkgts", q_BKGTH, k_BKSH, preferred_element_type=at_least_float32(q_BTNH.dtype)
     ) / math.sqrt(H)
     scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
@@ -314,7 +321,9 @@ class Transformer(nnx.Module):
         head_DV = (
             self.embed_VD[...].T if self.config.tie_word_embeddings else self.lm_head_DV[...]
         ).astype(hidden_BTD.dtype)
-        logits_BTV = jnp.einsum("btd,dv->btv", hidden_BTD, head_DV, preferred_element_type=jnp.float32)
+        logits_BTV = jnp.einsum(
+            "btd,dv->btv", hidden_BTD, head_DV, preferred_element_type=at_least_float32(hidden_BTD.dtype)
+        )
         return constrain(logits_BTV, ("batch", "length", "vocab"))
 
     def hidden_and_cache(self, tokens_BT, positions_BT, segment_ids_BT, cache=None, *, remat: str = "none"):
