@@ -106,15 +106,16 @@ def test_no_involuntary_rematerialisation(policies, capfd):
     assert "Involuntary full rematerialization" not in capfd.readouterr().err
 
 
-@jax.jit(static_argnames=("graphdef", "mesh"))
-def _step(graphdef, state, tokens_BT, positions_BT, segments_BT, cache, *, mesh):
+@jax.jit(static_argnames=("graphdef", "mesh", "cache_is_empty"))
+def _step(graphdef, state, tokens_BT, positions_BT, segments_BT, cache, *, mesh, cache_is_empty=False):
     model = nnx.merge(graphdef, state)
     with activation_sharding(mesh, TRAIN_RULES):
-        return model(tokens_BT, positions_BT, segments_BT, cache)
+        return model(tokens_BT, positions_BT, segments_BT, cache, cache_is_empty=cache_is_empty)
 
 
+@pytest.mark.parametrize("cache_is_empty", [False, True], ids=["prefill-over-cache", "prefill-among-prompt"])
 @pytest.mark.parametrize("mesh_name", ["1dev", "222"])
-def test_prefill_then_decode_equals_full_forward(policies, mesh_name, capfd):
+def test_prefill_then_decode_equals_full_forward(policies, mesh_name, cache_is_empty, capfd):
     policy = policies[mesh_name]
     tokens_BT, segments_BT = _padded_batch(np.random.default_rng(2), T=14)
     segments_BT[3, 6:] = 1  # decode continues every row's single segment ...
@@ -127,7 +128,7 @@ def test_prefill_then_decode_equals_full_forward(policies, mesh_name, capfd):
     cache = KVCache.init(CONFIG, batch=4, length=16)
     logits, cache = _step(
         graphdef, state, tokens_BT[:, :prompt], positions_BT[:, :prompt], segments_BT[:, :prompt],
-        cache, mesh=policy.mesh,
+        cache, mesh=policy.mesh, cache_is_empty=cache_is_empty,
     )
     pieces = [np.asarray(logits)]
     for t in range(prompt, tokens_BT.shape[1]):
@@ -175,9 +176,9 @@ def test_kv_cache_sharded_as_rules_say(policies):
         graphdef, state, tokens_BT, segment_positions(segments_BT), segments_BT,
         KVCache.init(CONFIG, batch=4, length=8), mesh=policy.mesh,
     )
-    assert len(cache.k_BKSH) == len(cache.v_BKSH) == CONFIG.num_layers
-    for kv in cache.k_BKSH + cache.v_BKSH:
+    assert len(cache.k_BKHS) == len(cache.v_BKSH) == CONFIG.num_layers
+    for kv, local_shape in [(k, (1, 1, 16, 8)) for k in cache.k_BKHS] + [(v, (1, 1, 8, 16)) for v in cache.v_BKSH]:
         assert _spec(kv) == (("data", "fsdp"), "tensor", None, None)
-        assert kv.addressable_shards[0].data.shape == (1, 1, 8, 16)
+        assert kv.addressable_shards[0].data.shape == local_shape
         assert kv.dtype == jnp.float32
     assert _spec(cache.segment_ids_BS) == (("data", "fsdp"), None)

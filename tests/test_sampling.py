@@ -256,7 +256,7 @@ def test_sharded_sampler_matches_one_device():
     np.testing.assert_allclose(one.logits(rows), eight.logits(rows), atol=1e-5)
     # The decode program reads the batch sharded over (data, fsdp) and the cache also over kv heads.
     programs = [p for k, p in sampler._PROGRAMS.items() if k[3] is eight.mesh]
-    cache_sharding = programs[-1].decode.input_shardings[0][1].k_BKSH[0]
+    cache_sharding = programs[-1].decode.input_shardings[0][1].k_BKHS[0]
     assert (tuple(cache_sharding.spec) + (None,) * 4)[:2] == (("data", "fsdp"), "tensor")
 
 

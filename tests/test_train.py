@@ -109,7 +109,7 @@ def test_query_blocked_attention_equals_full_attention_wherever_a_token_sees_a_k
     segments[1, :] = 1
     t = np.arange(T)
     mask = (t[:, None] >= t[None]) & (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] > 0)
-    full = np.asarray(attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask))
+    full = np.asarray(attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask))
     blocked = np.asarray(jax.jit(causal_self_attention)(q, k, v, mask))
     real = segments > 0
     np.testing.assert_allclose(blocked[real], full[real], atol=1e-6)

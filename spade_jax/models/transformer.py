@@ -42,7 +42,8 @@ from spade_jax.models.config import ModelConfig
 from spade_jax.models.sharding import constrain
 
 _MASKED = -1e30
-_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+_KEY_CACHE_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
+_VALUE_CACHE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
 # What a rematerialised block keeps for the backward pass: "none" = everything (no remat),
 # "dots" = outputs of the weight matmuls (attention scores, softmax and elementwise ops are
@@ -57,11 +58,13 @@ REMAT_POLICIES = {
 class KVCache(NamedTuple):
     """Per-layer keys/values plus the segment id written at each slot.
 
-    Keys and values are laid out `(batch, kv_heads, length, head_dim)`, as attention reads
-    them (batch and head leading, the contraction last), so no layer transposes its cache.
+    Laid out as attention multiplies them, batch and kv heads leading: keys
+    `(batch, kv_heads, head_dim, length)`, values `(batch, kv_heads, length, head_dim)`.
+    Both products then contract the second-to-last axis of the cache, which XLA:CPU runs
+    without repacking it (keys stored length-by-head_dim made the score product 3x slower).
     """
 
-    k_BKSH: tuple[jax.Array, ...]  # one array per layer
+    k_BKHS: tuple[jax.Array, ...]  # one array per layer
     v_BKSH: tuple[jax.Array, ...]
     segment_ids_BS: jax.Array  # int32; 0 = empty slot
     end_index: jax.Array  # int32 scalar: slots [0, end_index) are written
@@ -69,10 +72,10 @@ class KVCache(NamedTuple):
     @classmethod
     def init(cls, config: ModelConfig, batch: int, length: int, dtype=None) -> "KVCache":
         dtype = jnp.dtype(dtype or config.dtype)
-        shape = (batch, config.num_kv_heads, length, config.head_dim)
+        K, H = config.num_kv_heads, config.head_dim
         return cls(
-            k_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-            v_BKSH=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+            k_BKHS=tuple(jnp.zeros((batch, K, H, length), dtype) for _ in range(config.num_layers)),
+            v_BKSH=tuple(jnp.zeros((batch, K, length, H), dtype) for _ in range(config.num_layers)),
             segment_ids_BS=jnp.zeros((batch, length), jnp.int32),
             end_index=jnp.zeros((), jnp.int32),
         )
@@ -102,7 +105,10 @@ def at_least_float32(dtype) -> jnp.dtype:
 def rms_norm(x, weight, eps: float):
     wide = at_least_float32(x.dtype)
     x_wide = x.astype(wide)
-    normed = x_wide * jax.lax.rsqrt(jnp.mean(x_wide * x_wide, axis=-1, keepdims=True) + eps)
+    # Sum of squares as a contraction, not a reduce: XLA:CPU runs it as one small matmul,
+    # where a reduce was a separate kernel before every projection (~5% of a decode step).
+    mean_square = jnp.einsum("...d,...d->...", x_wide, x_wide)[..., None] / x.shape[-1]
+    normed = x_wide * jax.lax.rsqrt(mean_square + eps)
     return (normed * weight.astype(wide)).astype(x.dtype)
 
 
@@ -139,18 +145,18 @@ def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
     return rotated.astype(x_BTNH.dtype)
 
 
-def attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
-    """Grouped-query attention over keys/values laid out `(batch, kv_heads, length, head_dim)`; softmax in (at least) float32.
+def attention(q_BTNH, k_BKHS, v_BKSH, mask_BTS):
+    """Grouped-query attention over keys `(batch, kv_heads, head_dim, length)` and values
+    `(batch, kv_heads, length, head_dim)` (the `KVCache` layout); softmax in (at least) float32.
 
-    Batch and kv heads lead and the contraction is last, so a cache is read where it lies.
-    (Writing a decode step's scores as fused products and sums was 20% faster for SmolLM2 at
-    batch 32 but 10x slower for two 128-wide heads over a 1088-slot cache on XLA:CPU.)
+    (Writing a decode step's scores as fused products and sums instead of a matmul is fast
+    for SmolLM2's shapes but over 100x slower for one query per kv head over a long cache on XLA:CPU.)
     """
     B, T, N, H = q_BTNH.shape
-    K = k_BKSH.shape[1]
+    K = k_BKHS.shape[1]
     q_BKGTH = q_BTNH.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
     scores_BKGTS = jnp.einsum(
-        "bkgth,bksh->bkgts", q_BKGTH, k_BKSH, preferred_element_type=at_least_float32(q_BTNH.dtype)
+        "bkgth,bkhs->bkgts", q_BKGTH, k_BKHS, preferred_element_type=at_least_float32(q_BTNH.dtype)
     ) / math.sqrt(H)
     scores_BKGTS = jnp.where(mask_BTS[:, None, None], scores_BKGTS, _MASKED)
     probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
@@ -167,14 +173,16 @@ def causal_self_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT):
     sees none (padding, segment 0) gets a different meaningless average, which nothing reads.
     """
     T = q_BTNH.shape[1]
-    k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
+    k_BKHT, v_BKTH = k_BTKH.transpose(0, 2, 3, 1), v_BTKH.transpose(0, 2, 1, 3)
     block = _query_block(T)
     if block >= T:
-        return attention(q_BTNH, k_BKTH, v_BKTH, mask_BTT)
+        return attention(q_BTNH, k_BKHT, v_BKTH, mask_BTT)
     outs = []
     for start in range(0, T, block):
         end = min(start + block, T)
-        outs.append(attention(q_BTNH[:, start:end], k_BKTH[:, :, :end], v_BKTH[:, :, :end], mask_BTT[:, start:end, :end]))
+        outs.append(attention(
+            q_BTNH[:, start:end], k_BKHT[..., :end], v_BKTH[:, :, :end], mask_BTT[:, start:end, :end]
+        ))
     return jnp.concatenate(outs, axis=1)
 
 
@@ -313,8 +321,11 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         *,
         remat: str = "none",
+        cache_is_empty: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
-        hidden_BTD, new_cache = self.hidden_and_cache(tokens_BT, positions_BT, segment_ids_BT, cache, remat=remat)
+        hidden_BTD, new_cache = self.hidden_and_cache(
+            tokens_BT, positions_BT, segment_ids_BT, cache, remat=remat, cache_is_empty=cache_is_empty
+        )
         return self.logits_from_hidden(hidden_BTD), new_cache
 
     def logits_from_hidden(self, hidden_BTD: jax.Array) -> jax.Array:
@@ -326,11 +337,15 @@ class Transformer(nnx.Module):
         )
         return constrain(logits_BTV, ("batch", "length", "vocab"))
 
-    def hidden_and_cache(self, tokens_BT, positions_BT, segment_ids_BT, cache=None, *, remat: str = "none"):
+    def hidden_and_cache(
+        self, tokens_BT, positions_BT, segment_ids_BT, cache=None, *, remat: str = "none", cache_is_empty: bool = False
+    ):
         """Final-normed hidden states `(B, T, D)` and the updated cache.
 
         `remat` (a key of `REMAT_POLICIES`) only changes memory and compute of a backward
-        pass through this call, never its values.
+        pass through this call, never its values. `cache_is_empty` says the cache holds
+        nothing yet (a first prefill): the new tokens then attend causally among themselves,
+        as without a cache, instead of over every slot, and are written to the cache.
         """
         if remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy {remat!r}; choose one of {sorted(REMAT_POLICIES)}")
@@ -340,17 +355,19 @@ class Transformer(nnx.Module):
         inv_freq = rope_inverse_frequencies(cfg)
         B, T = tokens_BT.shape
 
-        if cache is None:
+        if cache is not None:
+            write_at = cache.end_index
+            cache_segments_BS = jax.lax.dynamic_update_slice(
+                cache.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, write_at)
+            )
+        attend_cache = cache is not None and not cache_is_empty
+        if attend_cache:
+            key_segments_BS = cache_segments_BS
+            causal_TS = (write_at + jnp.arange(T))[:, None] >= jnp.arange(cache.length)[None, :]
+        else:
             t = jnp.arange(T)
             causal_TS = t[:, None] >= t[None, :]
             key_segments_BS = segment_ids_BT
-            write_at = None
-        else:
-            write_at = cache.end_index
-            key_segments_BS = jax.lax.dynamic_update_slice(
-                cache.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, write_at)
-            )
-            causal_TS = (write_at + jnp.arange(T))[:, None] >= jnp.arange(cache.length)[None, :]
         mask_BTS = (
             causal_TS[None]
             & (segment_ids_BT[:, :, None] == key_segments_BS[:, None, :])
@@ -363,7 +380,7 @@ class Transformer(nnx.Module):
             return (h_BTD @ w_DNH.reshape(D, N * H).astype(dt)).reshape(*h_BTD.shape[:2], N, H)
 
         def block(x_BTD, w, kv):
-            """One layer; `kv` is this layer's `(k_BKSH, v_BKSH)` cache, or None without a cache."""
+            """One layer; `kv` is this layer's `(k_BKHS, v_BKSH)` cache, or None without a cache."""
             a = w["attn"]
             h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_norm_eps)
             q_BTNH = project(h_BTD, a["q"])
@@ -374,16 +391,20 @@ class Transformer(nnx.Module):
                 k_BTKH = rms_norm(k_BTKH, a["k_norm"], cfg.rms_norm_eps)
             q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
             k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
-            if kv is None:
-                out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
-            else:
-                # Write the new keys/values in place in this layer's cache, then attend over all of it.
-                k_BKSH, v_BKSH = kv
-                at = (0, 0, write_at, 0)
-                k_BKSH = jax.lax.dynamic_update_slice(k_BKSH, k_BTKH.transpose(0, 2, 1, 3).astype(k_BKSH.dtype), at)
-                v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype), at)
-                kv = (constrain(k_BKSH, _CACHE_AXES), constrain(v_BKSH, _CACHE_AXES))
+            if kv is not None:
+                # Write the new keys/values in place in this layer's cache.
+                k_BKHS, v_BKSH = kv
+                k_BKHS = jax.lax.dynamic_update_slice(
+                    k_BKHS, k_BTKH.transpose(0, 2, 3, 1).astype(k_BKHS.dtype), (0, 0, 0, write_at)
+                )
+                v_BKSH = jax.lax.dynamic_update_slice(
+                    v_BKSH, v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype), (0, 0, write_at, 0)
+                )
+                kv = (constrain(k_BKHS, _KEY_CACHE_AXES), constrain(v_BKSH, _VALUE_CACHE_AXES))
+            if attend_cache:
                 out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
+            else:
+                out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
             o_ED = a["o"].reshape(-1, a["o"].shape[-1]).astype(dt)
             x_BTD = x_BTD + out_BTNH.reshape(*out_BTNH.shape[:2], -1) @ o_ED
             x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
@@ -403,13 +424,13 @@ class Transformer(nnx.Module):
             new_cache = None
         else:
             keys, values = [], []
-            for w, k_BKSH, v_BKSH in zip(layer_weights, cache.k_BKSH, cache.v_BKSH):
-                x_BTD, (k_BKSH, v_BKSH) = block(x_BTD, w, (k_BKSH, v_BKSH))
-                keys.append(k_BKSH)
+            for w, k_BKHS, v_BKSH in zip(layer_weights, cache.k_BKHS, cache.v_BKSH):
+                x_BTD, (k_BKHS, v_BKSH) = block(x_BTD, w, (k_BKHS, v_BKSH))
+                keys.append(k_BKHS)
                 values.append(v_BKSH)
             new_cache = KVCache(
                 tuple(keys), tuple(values),
-                constrain(key_segments_BS, ("batch", "cache_length")),
+                constrain(cache_segments_BS, ("batch", "cache_length")),
                 write_at + T,
             )
         return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_cache

@@ -282,7 +282,7 @@ def _prefill(state, tokens_BT, positions_BT, segment_ids_BT, *, graphdef, cache_
     model = nnx.merge(graphdef, state)
     with activation_sharding(mesh, rules):
         cache = KVCache.init(model.config, tokens_BT.shape[0], cache_length)
-        hidden_BTD, cache = model.hidden_and_cache(tokens_BT, positions_BT, segment_ids_BT, cache)
+        hidden_BTD, cache = model.hidden_and_cache(tokens_BT, positions_BT, segment_ids_BT, cache, cache_is_empty=True)
         logits_BV = model.logits_from_hidden(hidden_BTD[:, -1:])[:, 0]
     return logits_BV, cache
 
