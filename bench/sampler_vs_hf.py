@@ -7,8 +7,10 @@ Greedy decoding of the same 64-token prompts (real text) on both sides, no stop 
 every row generates exactly `--new_tokens` tokens. Each (side, batch) runs in its own
 subprocess, so peak resident memory (ru_maxrss, loading included) is per side. Both sides
 are warm: spade_jax compiles in a first call (reported separately), transformers runs one
-untimed generate first. Throughput = batch * new tokens / median wall time of `--repeats`
-calls (prefill included). Both sides run on the same `--cores` (default all; the children
+untimed generate first. The two processes then take turns, one timed call at a time in
+ABBA order, so that a drift in this VM's speed (10-20% between runs here) falls on both
+sides alike instead of on whichever ran second. Throughput = batch * new tokens / median
+wall time of `--repeats` calls (prefill included). Both sides run on the same `--cores` (default all; the children
 are pinned to them): XLA sizes its thread pool from the affinity mask, PyTorch gets
 `torch.set_num_threads(cores)`. On a CPU shared with other jobs, `--cores=1` is the fairer
 comparison: OpenMP threads (PyTorch) degrade far more than XLA's pool when a core is taken.
@@ -78,7 +80,7 @@ def peak_rss_mb() -> float:
 # ----------------------------------------------------------------------- children
 
 
-def run_jax(args) -> dict:
+def serve_jax(args, talk) -> None:
     sys.modules["torch"] = None  # not in the runtime requirements; keep it out of this process
     import jax
 
@@ -89,21 +91,27 @@ def run_jax(args) -> dict:
     prompts = make_prompts(policy.tokenizer, args.batch, args.prompt_len)
     kw = dict(max_new_tokens=args.new_tokens, temperature=0.0, stop_token_ids=[])
     warm = generate(policy, prompts, **kw)
-    runs = [generate(policy, prompts, **kw) for _ in range(args.repeats)]
-    times = [g.stats.run_s for g in runs]
-    return dict(
-        times=times,
-        compile_s=warm.stats.compile_s,
-        prefill_s=statistics.median(g.stats.prefill_s for g in runs),
-        decode_s=statistics.median(g.stats.decode_s for g in runs),
-        tokens=runs[-1].tokens.tolist(),
-        threads=len(os.sched_getaffinity(0)),
-        devices=str(jax.devices()),
-        peak_rss_mb=peak_rss_mb(),
-    )
+    runs = []
+
+    def run():
+        runs.append(generate(policy, prompts, **kw))
+        return runs[-1].stats.run_s
+
+    def summary():
+        return dict(
+            compile_s=warm.stats.compile_s,
+            prefill_s=statistics.median(g.stats.prefill_s for g in runs),
+            decode_s=statistics.median(g.stats.decode_s for g in runs),
+            tokens=runs[-1].tokens.tolist(),
+            threads=len(os.sched_getaffinity(0)),
+            devices=str(jax.devices()),
+            peak_rss_mb=peak_rss_mb(),
+        )
+
+    talk(run, summary)
 
 
-def run_hf(args) -> dict:
+def serve_hf(args, talk) -> None:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -123,19 +131,35 @@ def run_hf(args) -> dict:
         attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.new_tokens,
         pad_token_id=tokenizer.pad_id,
     )
-    with torch.no_grad():
-        model.generate(ids, **kw)
-        times, out = [], None
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            out = model.generate(ids, **kw)
-            times.append(time.perf_counter() - start)
-    return dict(
-        times=times,
-        tokens=out[:, ids.shape[1]:].tolist(),
-        threads=torch.get_num_threads(),
-        peak_rss_mb=peak_rss_mb(),
-    )
+    outs = []
+
+    @torch.no_grad()
+    def run():
+        start = time.perf_counter()
+        outs.append(model.generate(ids, **kw))
+        return time.perf_counter() - start
+
+    run()  # warm-up, untimed
+    outs.clear()
+
+    def summary():
+        return dict(tokens=outs[-1][:, ids.shape[1]:].tolist(), threads=torch.get_num_threads(), peak_rss_mb=peak_rss_mb())
+
+    talk(run, summary)
+
+
+def talk_over_pipes(run, summary) -> None:
+    """Child side of the turn-taking: "run" -> one timed call's seconds; "done" -> the summary, then exit."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # library prints go to stderr; stdout carries only the replies
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        reply = {"seconds": run()} if line.strip() == "run" else summary()
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+        if line.strip() == "done":
+            return
 
 
 def run_machine(args) -> dict:
@@ -200,10 +224,47 @@ def ideal_seconds(batch: int, prompt: int, new: int, peak_flops: float, bandwidt
 
 
 def child(side: str, args, extra: list[str]) -> dict:
+    """Runs a one-shot child (the machine measurement) and returns its result."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, __file__, f"--side={side}", f"--out={out.name}", *extra]
         subprocess.run(cmd, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         return json.loads(Path(out.name).read_text())
+
+
+class Server:
+    """A child process that holds one side's model and answers "run" / "done" on its stdin."""
+
+    def __init__(self, side: str, extra: list[str]):
+        cmd = [sys.executable, __file__, f"--side={side}", *extra]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
+        self.ask(None)  # loaded and warm
+
+    def ask(self, request: str | None) -> dict:
+        if request is not None:
+            self.proc.stdin.write(request + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark child {self.proc.args} exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def finish(self) -> dict:
+        summary = self.ask("done")
+        self.proc.wait()
+        return summary
+
+
+def timed_in_turns(servers: dict, repeats: int) -> dict:
+    """Seconds of `repeats` calls per side, the sides taking turns in ABBA order, so that a
+    drift in the shared machine's speed falls on both alike."""
+    times = {name: [] for name in servers}
+    for r in range(repeats):
+        for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+            times[name].append(servers[name].ask("run")["seconds"])
+    return times
 
 
 def main() -> None:
@@ -219,8 +280,10 @@ def main() -> None:
     args = p.parse_args()
     if args.side:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cores])
-        result = {"jax": run_jax, "hf": run_hf, "machine": run_machine}[args.side](args)
-        Path(args.out).write_text(json.dumps(result))
+        if args.side == "machine":
+            Path(args.out).write_text(json.dumps(run_machine(args)))
+        else:
+            {"jax": serve_jax, "hf": serve_hf}[args.side](args, talk_over_pipes)
         return
 
     load = os.getloadavg()[0]
@@ -229,10 +292,11 @@ def main() -> None:
     machine = child("machine", args, common)
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
-        jx = child("jax", args, common + [f"--batch={batch}"])
-        hf = child("hf", args, common + [f"--batch={batch}"])
+        servers = {side: Server(side, common + [f"--batch={batch}"]) for side in ("jax", "hf")}
+        times = timed_in_turns(servers, args.repeats)
+        jx, hf = servers["jax"].finish(), servers["hf"].finish()
         tokens = batch * args.new_tokens
-        jax_s, hf_s = statistics.median(jx["times"]), statistics.median(hf["times"])
+        jax_s, hf_s = statistics.median(times["jax"]), statistics.median(times["hf"])
         ideal = ideal_seconds(batch, args.prompt_len, args.new_tokens, machine["peak_flops"], machine["bandwidth"])
         same = sum(a == b for a, b in zip(jx["tokens"], hf["tokens"]))
         rows.append(dict(
