@@ -24,19 +24,19 @@ CONFIG = ModelConfig(
 
 EXPECTED_SPECS = {  # TRAIN_RULES on (data, fsdp, tensor) = (2, 2, 2); "layers/{i}/..." for every layer i
     "embed_VD": P("tensor", "fsdp"),
-    "lm_head_DV": P("fsdp", "tensor"),
+    "lm_head_VD": P("tensor", "fsdp"),
     "final_norm_D": P("fsdp"),
     "layers/{i}/attn_norm_D": P("fsdp"),
     "layers/{i}/mlp_norm_D": P("fsdp"),
-    "layers/{i}/attn/q_DNH": P("fsdp", "tensor", None),
-    "layers/{i}/attn/k_DKH": P("fsdp", "tensor", None),
-    "layers/{i}/attn/v_DKH": P("fsdp", "tensor", None),
-    "layers/{i}/attn/o_NHD": P("tensor", None, "fsdp"),
+    "layers/{i}/attn/q_NHD": P("tensor", None, "fsdp"),
+    "layers/{i}/attn/k_KHD": P("tensor", None, "fsdp"),
+    "layers/{i}/attn/v_KHD": P("tensor", None, "fsdp"),
+    "layers/{i}/attn/o_DNH": P("fsdp", "tensor", None),
     "layers/{i}/attn/q_norm_H": P(None),
     "layers/{i}/attn/k_norm_H": P(None),
-    "layers/{i}/mlp/gate_DF": P("fsdp", "tensor"),
-    "layers/{i}/mlp/up_DF": P("fsdp", "tensor"),
-    "layers/{i}/mlp/down_FD": P("tensor", "fsdp"),
+    "layers/{i}/mlp/gate_FD": P("tensor", "fsdp"),
+    "layers/{i}/mlp/up_FD": P("tensor", "fsdp"),
+    "layers/{i}/mlp/down_DF": P("fsdp", "tensor"),
 }
 
 
@@ -148,11 +148,11 @@ def test_smollm2_on_222_mesh_matches_one_device(smollm2_gguf_path, smollm2_polic
     """9 query / 3 kv heads do not divide tensor=2: those axes stay unsharded, the rest shard."""
     sharded = load_pretrained(smollm2_gguf_path, mesh=meshes["222"], tokenizer=False)
     params = _params(sharded)
-    assert _spec(params["layers/0/attn/q_DNH"]) == ("fsdp", None, None)
-    assert _spec(params["layers/0/attn/k_DKH"]) == ("fsdp", None, None)
-    assert _spec(params["layers/29/attn/o_NHD"]) == (None, None, "fsdp")
+    assert _spec(params["layers/0/attn/q_NHD"]) == (None, None, "fsdp")
+    assert _spec(params["layers/0/attn/k_KHD"]) == (None, None, "fsdp")
+    assert _spec(params["layers/29/attn/o_DNH"]) == ("fsdp", None, None)
     assert _spec(params["embed_VD"]) == ("tensor", "fsdp")
-    assert _spec(params["layers/29/mlp/gate_DF"]) == ("fsdp", "tensor")
+    assert _spec(params["layers/29/mlp/gate_FD"]) == ("tensor", "fsdp")
     tokens_BT = np.random.default_rng(3).integers(0, sharded.config.vocab_size, (4, 24))
     segments_BT = np.ones_like(tokens_BT)
     segments_BT[0, :7] = 0

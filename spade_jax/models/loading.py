@@ -64,21 +64,18 @@ def _targets(cfg: ModelConfig) -> list[_Target]:
     def same(w):
         return w
 
-    def transpose(w):
-        return w.T
-
     targets = [
         _Target(("embed_VD",), "embed", (V, D), same, False),
         _Target(("final_norm_D",), "final_norm", (D,), same, False),
         _Target(("attn_norm_D",), "attn_norm", (D,), same, True),
         _Target(("mlp_norm_D",), "mlp_norm", (D,), same, True),
-        _Target(("attn", "q_DNH"), "q", (N * H, D), lambda w: w.T.reshape(D, N, H), True),
-        _Target(("attn", "k_DKH"), "k", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
-        _Target(("attn", "v_DKH"), "v", (K * H, D), lambda w: w.T.reshape(D, K, H), True),
-        _Target(("attn", "o_NHD"), "o", (D, N * H), lambda w: w.T.reshape(N, H, D), True),
-        _Target(("mlp", "gate_DF"), "gate", (F, D), transpose, True),
-        _Target(("mlp", "up_DF"), "up", (F, D), transpose, True),
-        _Target(("mlp", "down_FD"), "down", (D, F), transpose, True),
+        _Target(("attn", "q_NHD"), "q", (N * H, D), lambda w: w.reshape(N, H, D), True),
+        _Target(("attn", "k_KHD"), "k", (K * H, D), lambda w: w.reshape(K, H, D), True),
+        _Target(("attn", "v_KHD"), "v", (K * H, D), lambda w: w.reshape(K, H, D), True),
+        _Target(("attn", "o_DNH"), "o", (D, N * H), lambda w: w.reshape(D, N, H), True),
+        _Target(("mlp", "gate_FD"), "gate", (F, D), same, True),
+        _Target(("mlp", "up_FD"), "up", (F, D), same, True),
+        _Target(("mlp", "down_DF"), "down", (D, F), same, True),
     ]
     if cfg.qk_norm:
         targets += [
@@ -86,7 +83,7 @@ def _targets(cfg: ModelConfig) -> list[_Target]:
             _Target(("attn", "k_norm_H"), "k_norm", (H,), same, True),
         ]
     if not cfg.tie_word_embeddings:
-        targets.append(_Target(("lm_head_DV",), "lm_head", (V, D), transpose, False))
+        targets.append(_Target(("lm_head_VD",), "lm_head", (V, D), same, False))
     return targets
 
 

@@ -56,7 +56,7 @@ from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.selfplay import bootstrap_data as data
 from spade_jax.selfplay.bootstrap_data import PromptConfig
 
-BOOTSTRAP_VERSION = "2"  # 2: parameters saved per layer (layers/{i}/...), no longer stacked
+BOOTSTRAP_VERSION = "3"  # 2: parameters per layer (layers/{i}/...); 3: weights stored (out, in)
 TOKENIZER_SYMBOLS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "\\boxed{")
 _DONE = "DONE"
 # How prompts, exemplars, conversations and chat templates are rendered: part of the cache key.
