@@ -154,11 +154,14 @@ def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
     return inv_freq
 
 
-def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
-    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen)."""
+def rope_cos_sin(positions_BT, inv_freq_H2):
+    """cos and sin of the rotary angles, `(B, T, 1, H/2)` each: computed once per forward pass."""
     angles = positions_BT[..., None].astype(inv_freq_H2.dtype) * inv_freq_H2
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x_BTNH, cos, sin):
+    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen); `cos`, `sin` from `rope_cos_sin`."""
     x = x_BTNH.astype(at_least_float32(x_BTNH.dtype))
     x1, x2 = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -369,7 +372,7 @@ class Transformer(nnx.Module):
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         x_BTD = embed_lookup(self.embed_VD[...], tokens_BT).astype(dt)
-        inv_freq = rope_inverse_frequencies(cfg)
+        cos, sin = rope_cos_sin(positions_BT, rope_inverse_frequencies(cfg))
         B, T = tokens_BT.shape
 
         if cache is not None:
@@ -406,8 +409,8 @@ class Transformer(nnx.Module):
             if cfg.qk_norm:
                 q_BTNH = rms_norm(q_BTNH, a["q_norm"], cfg.rms_norm_eps)
                 k_BTKH = rms_norm(k_BTKH, a["k_norm"], cfg.rms_norm_eps)
-            q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
-            k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
+            q_BTNH = constrain(apply_rope(q_BTNH, cos, sin), ("batch", "length", "heads", None))
+            k_BTKH = apply_rope(k_BTKH, cos, sin)
             if kv is not None:
                 # Write the new keys/values in place in this layer's cache.
                 k_BKHS, v_BKSH = kv
