@@ -154,14 +154,11 @@ def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
     return inv_freq
 
 
-def rope_cos_sin(positions_BT, inv_freq_H2):
-    """cos and sin of the rotary angles, `(B, T, 1, H/2)` each: computed once per forward pass."""
+def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
+    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen)."""
     angles = positions_BT[..., None].astype(inv_freq_H2.dtype) * inv_freq_H2
-    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-
-
-def apply_rope(x_BTNH, cos, sin):
-    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen); `cos`, `sin` from `rope_cos_sin`."""
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
     x = x_BTNH.astype(at_least_float32(x_BTNH.dtype))
     x1, x2 = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -372,7 +369,7 @@ class Transformer(nnx.Module):
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
         x_BTD = embed_lookup(self.embed_VD[...], tokens_BT).astype(dt)
-        cos, sin = rope_cos_sin(positions_BT, rope_inverse_frequencies(cfg))
+        inv_freq = rope_inverse_frequencies(cfg)
         B, T = tokens_BT.shape
 
         if cache is not None:
@@ -409,8 +406,8 @@ class Transformer(nnx.Module):
             if cfg.qk_norm:
                 q_BTNH = rms_norm(q_BTNH, a["q_norm"], cfg.rms_norm_eps)
                 k_BTKH = rms_norm(k_BTKH, a["k_norm"], cfg.rms_norm_eps)
-            q_BTNH = constrain(apply_rope(q_BTNH, cos, sin), ("batch", "length", "heads", None))
-            k_BTKH = apply_rope(k_BTKH, cos, sin)
+            q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
+            k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
             if kv is not None:
                 # Write the new keys/values in place in this layer's cache.
                 k_BKHS, v_BKSH = kv
