@@ -155,7 +155,12 @@ def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
 
 
 def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
-    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen)."""
+    """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen).
+
+    The angles are recomputed per call (q and k of every layer) on purpose: XLA fuses them
+    into the rotation, and computing cos/sin once per pass instead made SmolLM2's batch-32
+    decode step 6% slower (86-88 vs 91-96 ms).
+    """
     angles = positions_BT[..., None].astype(inv_freq_H2.dtype) * inv_freq_H2
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
