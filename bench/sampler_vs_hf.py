@@ -10,8 +10,8 @@ are warm: spade_jax compiles in a first call (reported separately), transformers
 untimed generate first. The two processes then take turns, one timed call at a time in
 ABBA order, so that a drift in this VM's speed (10-20% between runs here) falls on both
 sides alike instead of on whichever ran second. Throughput = batch * new tokens / median
-wall time of `--repeats` calls (prefill included). Both sides run on the same `--cores` (default all; the children
-are pinned to them): XLA sizes its thread pool from the affinity mask, PyTorch gets
+wall time of `--repeats` calls (prefill included). Both sides run on the same `--cores`
+(default all; the children are pinned to them): XLA sizes its thread pool from the affinity mask, PyTorch gets
 `torch.set_num_threads(cores)`. On a CPU shared with other jobs, `--cores=1` is the fairer
 comparison: OpenMP threads (PyTorch) degrade far more than XLA's pool when a core is taken.
 torch is a test-only dependency (requirements-test.txt); the spade_jax child blocks its import
@@ -223,11 +223,15 @@ def ideal_seconds(batch: int, prompt: int, new: int, peak_flops: float, bandwidt
     return total
 
 
+def _child_env() -> dict:
+    return {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+
+
 def child(side: str, args, extra: list[str]) -> dict:
     """Runs a one-shot child (the machine measurement) and returns its result."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, __file__, f"--side={side}", f"--out={out.name}", *extra]
-        subprocess.run(cmd, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        subprocess.run(cmd, check=True, env=_child_env())
         return json.loads(Path(out.name).read_text())
 
 
@@ -238,7 +242,7 @@ class Server:
         cmd = [sys.executable, __file__, f"--side={side}", *extra]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            env=_child_env(),
         )
         self.ask(None)  # loaded and warm
 
