@@ -554,7 +554,7 @@ class Host:
             if phase == "reset":
                 observation, info = check_reset(value, limit)
                 result = self._step_result(call, observation=observation, info=info, env_class=ep.meta["class"],
-                                           turn_limit=ep.turn_limit)
+                                           tools=list(ep.meta["tools"]), turn_limit=ep.turn_limit)
             elif phase == "step":
                 observation, reward, terminated, truncated, info = check_step(value, limit)
                 ep.turn += 1

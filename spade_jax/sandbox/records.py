@@ -114,8 +114,9 @@ class StepResult:
     timed out reports ``timeout_reward``. When ``error`` is set the episode is over
     (``truncated`` is True) and ``failed_call`` names the call that failed: "load"
     (module code or constructor), "reset", "step" or "limit" (sandbox-side refusal).
-    ``env_class`` and ``turn_limit`` (steps after which the sandbox truncates) are set on
-    start results; ``turn`` counts the steps taken.
+    ``env_class``, ``tools`` (the tool names a ToolUseEnv declares) and ``turn_limit``
+    (steps after which the sandbox truncates) are set on start results; ``turn`` counts
+    the steps taken.
     """
 
     episode_id: int
@@ -130,6 +131,7 @@ class StepResult:
     turn: int = 0
     failed_call: str | None = None
     env_class: str | None = None
+    tools: list[str] = dataclasses.field(default_factory=list)
     turn_limit: int | None = None
     elapsed_s: float = 0.0
 
