@@ -245,7 +245,7 @@ def _tree(pool: SandboxPool) -> list[psutil.Process]:
 
 
 def _baseline(pool: SandboxPool) -> int:
-    return 1 if pool.isolation.pid_namespace else 0  # the host proper under its init wrapper
+    return 2  # the host proper and its zygote, under the outer guard process
 
 
 def _assert_nothing_left(pool: SandboxPool, ctx: Ctx) -> None:

@@ -1,24 +1,39 @@
-"""The sandbox host: a JAX-free supervisor that forks, jails, drives and kills episode workers.
+"""The sandbox host: a JAX-free supervisor that drives, checks, budgets and kills episode workers.
 
-``SandboxPool`` starts it as ``python -m spade_jax.sandbox.host`` with a scrubbed
-environment and talks to it in frames (``protocol.py``) over the host's stdin/stdout.
-The first frame is the ``SandboxConfig``; the host probes the kernel, enters namespaces
-when it can (becoming init of a new PID namespace, so every worker dies with it), preloads
-numpy and the allowed stdlib modules, pivots into the private root and answers with the
-``IsolationReport``. Then it serves batched requests (start/step/solution/close/output)
-in one single-threaded event loop:
+``SandboxPool`` starts it as ``python -m spade_jax.sandbox.host --isolation ...`` (the few
+settings isolation needs are arguments) with a scrubbed environment and talks to it in
+frames (``protocol.py``) over the host's stdin/stdout. Start-up, in this order:
 
-* a worker per episode, forked from this preloaded process (pages are shared), each in
-  its own PID namespace, with a socketpair for the protocol (fd 3) and a pipe for its
-  stdout/stderr (captured, capped; flooding kills it);
-* at most ``num_workers`` calls in flight; every call has a deadline, past which the
-  worker (its whole PID namespace, or process group without namespaces) is SIGKILLed;
-* replies are checked here (``validate.py``) before anything goes back to the client;
-  any failure costs only the episode that caused it.
+1. preload numpy, the allowed stdlib modules and the worker code (pages workers share);
+2. switch to ``--uid`` when asked, create the pool cgroup when the machine allows;
+3. enter namespaces when granted (becoming init of a new PID namespace, so every worker
+   dies with it), mount a procfs of its own, pivot into the private root;
+4. fork the zygote (``zygote.py``): the template every worker is forked from. It exists
+   before the host has read its config or any request, so no worker can find them;
+5. only now read the ``SandboxConfig`` frame, tell the zygote how workers jail
+   themselves and answer with the ``IsolationReport`` (or refuse: ``strict``).
+
+Then it serves batched requests (start/step/solution/close/output/stats) in one
+single-threaded event loop:
+
+* a worker per episode, with a socketpair for the protocol (fd 3) and a pipe for its
+  stdout/stderr (captured, capped; flooding kills it); the host sends each worker its own
+  program and seed, nothing else;
+* at most ``num_workers`` calls in flight; every call has a deadline (the call's own, and
+  what is left of the episode's ``episode_time_s``), past which the worker (its whole PID
+  namespace, or process group without namespaces) is SIGKILLed; between calls every
+  worker is stopped (SIGSTOP), so nothing it armed can run while nobody waits for it;
+* the pool budget: a cgroup where the machine has one, else the host sums its workers'
+  memory (PSS) while calls run and kills the largest busy worker past the budget; without
+  a private tmpfs it also bounds each scratch directory's size the same way;
+* every worker message is checked here (``validate.py``) before anything goes back to the
+  client, and any failure, including an error of the host's own code while handling a
+  message, costs only the episode that caused it.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import gc
@@ -36,20 +51,32 @@ import tempfile
 import time
 import traceback
 
-from spade_jax.sandbox import isolation, worker
+from spade_jax.sandbox import isolation, landlock, usage, worker, zygote
+from spade_jax.sandbox.cgroups import PoolCgroup
 from spade_jax.sandbox.policy import ALLOWED_MODULES
 from spade_jax.sandbox.protocol import (FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame,
                                         write_all)
-from spade_jax.sandbox.records import IsolationReport, SandboxConfig, SolutionResult, StepResult
-from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_reset, check_solution,
-                                        check_step, clip_reward, unwrap)
+from spade_jax.sandbox.records import (ISOLATION_LEVELS, PROTECTIONS, IsolationReport, SandboxConfig, SolutionResult,
+                                       StepResult)
+from spade_jax.sandbox.text import clean_text
+from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_message, check_reset,
+                                        check_solution, check_step, clip_reward, unwrap)
 
-_PRELOAD_EXTRA = ("numpy.random", "numpy.linalg", "numpy.fft", "numpy.polynomial")
+# numpy submodules loaded lazily on first use: preloaded so workers never need the filesystem.
+_PRELOAD_EXTRA = ("numpy.random", "numpy.linalg", "numpy.fft", "numpy.polynomial", "numpy.ma", "numpy.char",
+                  "numpy.rec", "numpy.strings", "numpy.exceptions", "numpy.dtypes", "numpy.lib.stride_tricks",
+                  "numpy.lib.recfunctions", "spade_jax.envs.contract", "spade_jax.envs.tool_use")
 _OUTPUT_KEEP_BYTES = 16384
 _UID_SPAN = 1 << 16
 _EXIT_GRACE_S = 0.05
+_REAP_TIMEOUT_S = 10.0
+_SPAWN_TIMEOUT_S = 30.0
+_BUDGET_CHECK_S = 0.1
 _MAX_TURN_LIMIT = 1000
 _DEFAULT_TURN_LIMIT = 100
+_SCRATCH_INODES = 4096
+_SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+_DEVICE_FILES = tuple(f"/dev/{node}" for node in isolation.DEV_NODES)
 
 
 @dataclasses.dataclass
@@ -85,19 +112,16 @@ def claim_uid_range() -> tuple[int, socket.socket]:
     raise OSError("no free uid block for per-episode uids")
 
 
-def choose_isolation(config: SandboxConfig) -> _Plan:
-    """Probes namespaces (unless disabled) and applies the config's demand; fails closed when asked."""
-    if config.isolation == "rlimits":
+def choose_isolation(level: str, user_namespace: bool | None) -> _Plan:
+    """Probes namespaces (unless disabled) and applies the demanded level; fails closed when asked."""
+    if level == "rlimits":
         return _Plan(False, notes=["namespaces not requested (isolation='rlimits')"])
     if os.environ.get("SPADE_SANDBOX_NO_NAMESPACES") == "1":
         reason = "disabled by SPADE_SANDBOX_NO_NAMESPACES=1"
     elif sys.platform != "linux":
         reason = f"not Linux ({sys.platform})"
     else:
-        if config.user_namespace is not None:
-            order = [config.user_namespace]
-        else:
-            order = [False, True] if os.geteuid() == 0 else [True]
+        order = [user_namespace] if user_namespace is not None else ([False, True] if os.geteuid() == 0 else [True])
         attempts = []
         for user_ns in order:
             why = isolation.probe(user_ns)
@@ -105,13 +129,33 @@ def choose_isolation(config: SandboxConfig) -> _Plan:
                 return _Plan(True, user_namespace=user_ns)
             attempts.append(f"{'with a user namespace' if user_ns else 'as root'}: {why}")
         reason = "; ".join(attempts)
-    if config.isolation == "namespaces":
+    if level in ("namespaces", "strict"):
         return _Plan(False, error=(
-            f"isolation='namespaces' is required but namespaces are not available ({reason}). "
+            f"isolation={level!r} requires namespaces but they are not available ({reason}). "
             "Run as root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
-            "on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), or accept process limits "
-            "only with SandboxConfig(isolation='auto')."))
-    return _Plan(False, notes=[f"namespaces unavailable ({reason}): workers share the host's network and files"])
+            "on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), or accept weaker isolation "
+            "with SandboxConfig(isolation='auto')."))
+    return _Plan(False, notes=[f"namespaces unavailable ({reason}): workers share the host's network namespace "
+                               "and files (seccomp and Landlock still confine them)"])
+
+
+@dataclasses.dataclass
+class _Base:
+    """What start-up built before the config was read: isolation, procfs, the zygote, the cgroup."""
+
+    plan: _Plan
+    proc_fd: int | None
+    pidns_fd: int | None
+    pool_dir: str | None
+    read_paths: list
+    sys_path: list
+    zygote_pid: int
+    zygote_sock: socket.socket
+    cgroup: PoolCgroup | None
+    cgroup_note: str
+    notes: list
+    vm_bytes: int
+    outer_root: bool
 
 
 @dataclasses.dataclass(eq=False)
@@ -126,6 +170,7 @@ class _Episode:
     sock: int = -1
     out_fd: int = -1
     slot: int = -1
+    uid: int | None = None
     scratch_dir: str | None = None
     state: str = "new"
     frames: FrameBuffer | None = None
@@ -137,6 +182,9 @@ class _Episode:
     output: bytearray = dataclasses.field(default_factory=bytearray)
     output_total: int = 0
     dead_reason: str | None = None
+    spent_s: float = 0.0
+    memory: int = 0
+    stopped: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -148,115 +196,139 @@ class _Call:
     phase: str = ""
     deadline: float = 0.0
     t0: float = 0.0
+    phase_t0: float = 0.0
+    limit: str = ""
+
+
+class _HostFailure(Exception):
+    """The host cannot go on (its zygote died or hung); it exits and the pool restarts it."""
 
 
 class Host:
     """The supervisor's state and event loop (one instance per host process)."""
 
-    def __init__(self, config: SandboxConfig, plan: _Plan, cmd_fd: int, reply_fd: int, devnull: int):
+    def __init__(self, config: SandboxConfig, base: _Base, cmd_fd: int, reply_fd: int):
         self.cfg = config
-        self.plan = plan
-        self.cmd_fd, self.reply_fd, self.devnull = cmd_fd, reply_fd, devnull
+        self.base = base
+        self.plan = base.plan
+        self.cmd_fd, self.reply_fd = cmd_fd, reply_fd
         self.episodes: dict[int, _Episode] = {}
         self.by_pid: dict[int, _Episode] = {}
-        self.statuses: dict[int, int] = {}
+        self.exits: dict[int, int] = {}
         self.inflight: set[_Call] = set()
         self.results: list = []
         self.sel = selectors.DefaultSelector()
         self.sel.register(cmd_fd, selectors.EVENT_READ, None)
+        self.sel.register(base.zygote_sock, selectors.EVENT_READ, "zygote")
         self.free_slots = list(range(config.max_live_episodes - 1, -1, -1))
-        self.pool_dir: str | None = None
-        self.scratch = isolation.SCRATCH
-        self.pidns_fd = -1
-        self.uid_base: int | None = None
-        self.report: IsolationReport | None = None
+        self.spawned: dict[int, dict] = {}
+        self.oom_kills_seen = base.cgroup.oom_kills() if base.cgroup else 0
+        self.next_budget_check = 0.0
+        self.report = self._make_report()
+        self.jail = self._make_jail()
 
-    # --- setup -------------------------------------------------------------------------------
+    # --- report and jail ---------------------------------------------------------------------
 
-    def setup(self) -> IsolationReport:
-        """Preloads modules, enters the private root (namespaces) or a private temp dir, raises fd limits."""
-        for name in sorted(ALLOWED_MODULES - {"__future__"}) + list(_PRELOAD_EXTRA):
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass
-        vm_bytes = _vm_size_bytes()
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        euid = os.geteuid()
-        outer_root = euid == 0 and (not self.plan.user_namespace or _outer_uid_is_root())
-        notes = list(self.plan.notes)
-        if self.plan.namespaces:
-            self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-            isolation.build_private_root(_runtime_dirs())
-            isolation.sethostname("sandbox")
-            method = "user-namespaces" if self.plan.user_namespace else "namespaces"
-            notes.append("episodes share one empty network namespace (no interfaces up)")
-        else:
-            isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
-            self.pool_dir = tempfile.mkdtemp(prefix="spade_sandbox_")
-            os.chmod(self.pool_dir, 0o711)
-            method = "rlimits"
-        self.uid_base = self.plan.uid_base
-        if self.plan.user_namespace:
-            notes.append("one uid for all episodes (only root is mapped in the user namespace); "
-                         "capabilities are dropped")
-        self.syscall_filter = isolation.probe_syscall_filter()
-        if not self.syscall_filter:
+    def _make_report(self) -> IsolationReport:
+        base, plan, cfg = self.base, self.plan, self.cfg
+        notes = list(base.notes)
+        syscall_filter = isolation.probe_syscall_filter()
+        if not syscall_filter:
             notes.append("no seccomp filter (unsupported architecture or kernel)")
-        self.rlimits = isolation.worker_rlimits(
-            self.cfg.cpu_seconds, vm_bytes + self.cfg.memory_mb * (1 << 20), self.cfg.disk_mb * (1 << 20),
-            self.cfg.open_files, self.cfg.max_processes)
-        processes_enforced = self.uid_base is not None or not outer_root
-        if not processes_enforced:
+        ll = landlock.probe()
+        if not ll.get("filesystem"):
+            notes.append(f"Landlock unavailable ({ll.get('error') or 'kernel without Landlock'}): reads and writes "
+                         "outside the scratch directory rest on namespaces, uids and file permissions")
+        elif not (ll.get("tcp") and ll.get("scopes")):
+            notes.append(f"Landlock ABI {ll.get('abi')}: no TCP rules (needs 4) or no socket/signal scoping (needs 6)")
+        outer_root = base.outer_root
+        per_episode_uid = plan.uid_base is not None
+        process_limit = per_episode_uid or not outer_root
+        if plan.user_namespace:
+            notes.append("one uid for all episodes (only one uid is mapped in the user namespace); capabilities dropped")
+        if not process_limit:
             notes.append("the process limit is not enforced for root's uid: fork is not blocked")
-        self.report = IsolationReport(
-            method=method,
-            network="none" if self.plan.namespaces else "host",
-            filesystem="private-root" if self.plan.namespaces else "host",
-            pid_namespace=self.plan.namespaces,
-            per_episode_uid=self.uid_base is not None,
-            syscall_filter=self.syscall_filter,
-            rlimits={"cpu_s": self.cfg.cpu_seconds, "address_space_mb": self.rlimits[resource.RLIMIT_AS][0] >> 20,
-                     "file_size_mb": self.cfg.disk_mb, "open_files": self.cfg.open_files,
-                     "processes": self.cfg.max_processes},
-            processes_enforced=processes_enforced,
+        if base.cgroup is None:
+            notes.append(f"no pool cgroup ({base.cgroup_note}): " + (
+                "the host sums its workers' memory against the budget" if base.proc_fd is not None
+                else "no procfs either, so the pool memory budget is not enforced"))
+        if not plan.namespaces:
+            notes.append("scratch directories are on the host's disk; the host bounds their size after every call "
+                         "and while calls run")
+        self.rlimits = isolation.worker_rlimits(cfg.cpu_seconds, base.vm_bytes + cfg.memory_mb * (1 << 20),
+                                                cfg.disk_mb * (1 << 20), cfg.open_files, cfg.max_processes)
+        self.landlock_on = bool(ll.get("filesystem"))
+        self.syscall_filter = syscall_filter
+        protections = {
+            "zygote": True, "idle_stop": True, "seccomp": syscall_filter,
+            "private_root": plan.namespaces, "pid_namespace": plan.namespaces,
+            "network_namespace": plan.namespaces, "ipc_namespace": plan.namespaces,
+            "per_episode_uid": per_episode_uid, "process_limit": process_limit,
+            "landlock_filesystem": bool(ll.get("filesystem")), "landlock_network": bool(ll.get("tcp")),
+            "landlock_scopes": bool(ll.get("scopes")),
+            "memory_cgroup": base.cgroup is not None, "pids_cgroup": base.cgroup is not None,
+            "scratch_tmpfs": plan.namespaces,
+        }
+        assert set(protections) == set(PROTECTIONS)
+        if base.cgroup is not None:
+            memory_by = processes_by = base.cgroup.describe()
+        else:
+            memory_by = "host supervisor (sum of worker PSS)" if base.proc_fd is not None else "not enforced"
+            processes_by = ("per-episode RLIMIT_NPROC" if process_limit else "not enforced") + \
+                f" x max_live_episodes={cfg.max_live_episodes}"
+        method = ("user-namespaces" if plan.user_namespace else "namespaces") if plan.namespaces else "rlimits"
+        return IsolationReport(
+            method=method, protections=protections,
+            rlimits={"cpu_s": cfg.cpu_seconds, "address_space_mb": self.rlimits[resource.RLIMIT_AS][0] >> 20,
+                     "file_size_mb": cfg.disk_mb, "open_files": cfg.open_files, "processes": cfg.max_processes},
+            budget={"memory_mb": cfg.pool_memory_mb, "memory_by": memory_by, "processes": cfg.pool_processes,
+                    "processes_by": processes_by, "episode_time_s": cfg.episode_time_s},
             notes=tuple(notes))
-        stdlib = sysconfig.get_paths()["stdlib"]
-        self.worker_sys_path = [p for p in sys.path if p == stdlib or p.startswith(stdlib + "/")]
-        gc.collect()
-        gc.freeze()
-        return self.report
+
+    def _make_jail(self) -> dict:
+        """How every worker confines itself (sent once to the zygote)."""
+        return {"namespaces": self.plan.namespaces, "rlimits": isolation.worker_rlimits_list(self.rlimits),
+                "scratch_bytes": self.cfg.disk_mb << 20, "scratch_inodes": _SCRATCH_INODES,
+                "landlock": self.landlock_on, "read_paths": self.base.read_paths,
+                "device_files": [f for f in _DEVICE_FILES if os.path.exists(f)],
+                "syscall_filter": self.syscall_filter, "sys_path": self.base.sys_path,
+                "restrict_imports": self.cfg.restrict_imports, "max_message_bytes": self.cfg.max_message_bytes}
 
     # --- request loop ------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Answers client requests until shutdown or until the client goes away."""
-        while True:
-            if not self._poll(None):
-                continue
-            try:
-                request = read_frame(self.cmd_fd, 1 << 31)
-            except (EOFError, OSError, ProtocolError):
-                break
-            try:
-                reply = self._handle(request)
-            except Exception as err:  # a host bug: report it, keep serving
-                traceback.print_exc(file=sys.stderr)
-                reply = {"ok": False, "error": f"sandbox host error: {type(err).__name__}: {err}"}
-            try:
-                write_all(self.reply_fd, encode_frame(reply))
-            except OSError:
-                break
-            if request.get("op") == "shutdown":
-                break
-        self.shutdown()
+        """Answers client requests until shutdown, until the client goes away, or a fatal failure."""
+        zygote.send(self.base.zygote_sock, {"op": "jail", "jail": self.jail})
+        try:
+            while True:
+                if not self._poll(None):
+                    continue
+                try:
+                    request = read_frame(self.cmd_fd, 1 << 31)
+                except (EOFError, OSError, ProtocolError):
+                    break
+                try:
+                    reply = self._handle(request)
+                except _HostFailure:
+                    raise
+                except Exception as err:  # a malformed request or a host bug: report it, keep serving
+                    traceback.print_exc(file=sys.stderr)
+                    reply = {"ok": False, "error": f"sandbox host error: {type(err).__name__}: {err}"}
+                try:
+                    write_all(self.reply_fd, encode_frame(reply))
+                except OSError:
+                    break
+                if request.get("op") == "shutdown":
+                    break
+        finally:
+            self.shutdown()
 
     def shutdown(self) -> None:
         self._kill_many(list(self.episodes.values()))
-        if self.pool_dir:
-            self._sweep_strays()
-            shutil.rmtree(self.pool_dir, ignore_errors=True)
+        if self.base.cgroup is not None:
+            self.base.cgroup.close()
+        if self.base.pool_dir:
+            shutil.rmtree(self.base.pool_dir, ignore_errors=True)
 
     def _handle(self, request: dict) -> dict:
         op = request.get("op")
@@ -287,13 +359,14 @@ class Host:
             outputs = []
             for eid in request["ids"]:
                 ep = self.episodes.get(eid)
-                outputs.append(ep.output.decode("utf-8", "replace") if ep else "")
+                outputs.append(clean_text(ep.output.decode("utf-8", "replace")) if ep else "")
                 if ep:
                     ep.output.clear()
             return {"ok": True, "outputs": outputs}
         if op == "stats":
             return {"ok": True, "live": len(self.by_pid), "records": len(self.episodes),
-                    "registered_fds": len(self.sel.get_map()) - 1}
+                    "registered_fds": len(self.sel.get_map()) - 2,
+                    "memory_bytes": self._pool_memory()}
         if op == "shutdown":
             return {"ok": True}
         return {"ok": False, "error": f"unknown request {op!r}"}
@@ -326,8 +399,7 @@ class Host:
 
     def _dispatch(self, call: _Call) -> None:
         ep = call.ep
-        now = time.monotonic()
-        call.t0 = now
+        call.t0 = time.monotonic()
         if call.kind == "start":
             if len(self.by_pid) >= self.cfg.max_live_episodes:
                 ep.state, ep.dead_reason = "dead", "too many live episodes"
@@ -340,20 +412,38 @@ class Host:
                 ep.state, ep.dead_reason = "dead", f"could not start a worker: {err}"
                 self._finish(call, self._error(call, ep.dead_reason, "load"))
                 return
-            call.phase, call.deadline = "load", now + self.cfg.load_timeout_s
             ep.state = "busy"
-        else:
-            refusal = self._refusal(call)
-            if refusal:
-                over = ep.state == "dead" or ep.ended
-                self._finish(call, self._error(call, refusal, "limit", episode_over=over))
-                return
-            call.phase = call.kind
-            call.deadline = now + self.cfg.call_timeout_s
-            message = {"op": "step", "action": call.action} if call.kind == "step" else {"op": "solution"}
-            self._send(ep, encode_frame(message))
+            ep.call = call
+            self.inflight.add(call)
+            self._begin_phase(call, "load")
+            self._send(ep, encode_frame({"op": "load", "program": ep.program, "seed": ep.seed,
+                                         "max_turns": ep.max_turns, "env_kwargs": ep.env_kwargs}))
+            return
+        refusal = self._refusal(call)
+        if refusal:
+            over = ep.state == "dead" or ep.ended
+            self._finish(call, self._error(call, refusal, "limit", episode_over=over))
+            return
         ep.call = call
         self.inflight.add(call)
+        self._begin_phase(call, call.kind)
+        message = {"op": "step", "action": call.action} if call.kind == "step" else {"op": "solution"}
+        self._send(ep, encode_frame(message))
+        self._resume(ep)
+
+    def _begin_phase(self, call: _Call, phase: str) -> None:
+        """Starts the clock of one worker call: its own deadline or what is left of the episode's time."""
+        now = time.monotonic()
+        own = self.cfg.load_timeout_s if phase == "load" else self.cfg.call_timeout_s
+        left = self.cfg.episode_time_s - call.ep.spent_s
+        call.phase, call.phase_t0 = phase, now
+        if left < own:
+            call.deadline, call.limit = now + max(0.0, left), "episode"
+        else:
+            call.deadline, call.limit = now + own, "call"
+
+    def _end_phase(self, call: _Call) -> None:
+        call.ep.spent_s += time.monotonic() - call.phase_t0
 
     def _refusal(self, call: _Call) -> str | None:
         """Why a step/solution call is answered without asking the worker, or None."""
@@ -371,87 +461,90 @@ class Host:
 
     def _next_timeout(self) -> float:
         deadline = min(call.deadline for call in self.inflight)
+        if self.base.cgroup is None or not self.plan.namespaces:
+            deadline = min(deadline, self.next_budget_check)
         return max(0.0, min(1.0, deadline - time.monotonic()))
 
     # --- workers -----------------------------------------------------------------------------
 
     def _spawn(self, ep: _Episode) -> None:
-        """Forks the episode's worker; the child jails itself and runs ``worker.serve``.
+        """Has the zygote fork the episode's worker; the child jails itself and waits for ``load``.
 
         Raises OSError (with nothing leaked) when the fds, the directory or the fork fail.
         """
         fds: list[int] = []
         slot = self.free_slots.pop()
-        new_pid_ns = False
+        uid = None if self.plan.uid_base is None else self.plan.uid_base + slot
         try:
             host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             fds += [host_end.detach(), child_end.detach()]
             fds += os.pipe()
-            uid = None if self.uid_base is None else self.uid_base + slot
-            scratch = self.scratch if self.plan.namespaces else self._make_scratch_dir(ep, uid)
-            if self.plan.namespaces:
-                isolation.unshare(isolation.CLONE_NEWPID)
-                new_pid_ns = True
-            pid = os.fork()
+            scratch = isolation.SCRATCH if self.plan.namespaces else self._make_scratch_dir(ep, uid)
+            zygote.send(self.base.zygote_sock, {"op": "spawn", "slot": slot, "uid": uid, "scratch": scratch},
+                        (fds[1], fds[3]))
+            pid = self._await_spawn(slot)
         except OSError:
-            if new_pid_ns:
-                isolation.setns(self.pidns_fd, isolation.CLONE_NEWPID)
             for fd in fds:
                 os.close(fd)
             self.free_slots.append(slot)
-            if ep.scratch_dir:
-                shutil.rmtree(ep.scratch_dir, ignore_errors=True)
-                ep.scratch_dir = None
+            self._remove_scratch(ep)
             raise
         host_fd, child_fd, out_r, out_w = fds
-        if pid == 0:
-            self._become_worker(ep, child_fd, out_w, scratch, uid)
-        if new_pid_ns:
-            isolation.setns(self.pidns_fd, isolation.CLONE_NEWPID)
         os.close(child_fd)
         os.close(out_w)
         os.set_blocking(host_fd, False)
         os.set_blocking(out_r, False)
-        ep.pid, ep.sock, ep.out_fd, ep.slot = pid, host_fd, out_r, slot
+        ep.pid, ep.sock, ep.out_fd, ep.slot, ep.uid = pid, host_fd, out_r, slot, uid
         ep.frames = FrameBuffer(self.cfg.max_message_bytes)
-        ep.program = None
         self.by_pid[pid] = ep
         self.sel.register(host_fd, selectors.EVENT_READ, (ep, "sock"))
         self.sel.register(out_r, selectors.EVENT_READ, (ep, "out"))
 
+    def _await_spawn(self, slot: int) -> int:
+        deadline = time.monotonic() + _SPAWN_TIMEOUT_S
+        while slot not in self.spawned:
+            if time.monotonic() > deadline:
+                raise _HostFailure("the zygote did not answer a spawn request")
+            self._pump_zygote(deadline - time.monotonic())
+        reply = self.spawned.pop(slot)
+        if "error" in reply:
+            raise OSError(f"the zygote could not fork: {reply['error']}")
+        return int(reply["pid"])
+
+    def _pump_zygote(self, timeout: float) -> None:
+        """Reads the zygote's messages available within ``timeout`` (exits and spawn replies)."""
+        sock = self.base.zygote_sock
+        sock.settimeout(max(0.0, timeout))
+        try:
+            while True:
+                message, fds = zygote.receive(sock)
+                for fd in fds:
+                    os.close(fd)
+                if message is None:
+                    raise _HostFailure("the zygote exited")
+                if message["op"] == "exited":
+                    if message["pid"] in self.by_pid:
+                        self.exits[message["pid"]] = message["status"]
+                else:
+                    self.spawned[message["slot"]] = message
+                sock.settimeout(0.0)
+        except (BlockingIOError, socket.timeout):
+            pass
+        finally:
+            sock.settimeout(None)
+
     def _make_scratch_dir(self, ep: _Episode, uid: int | None) -> str:
-        path = os.path.join(self.pool_dir, f"episode-{ep.eid}")
+        path = os.path.join(self.base.pool_dir, f"episode-{ep.eid}")
         os.mkdir(path, 0o700)
         if uid is not None:
             os.chown(path, uid, uid)
         ep.scratch_dir = path
         return path
 
-    def _become_worker(self, ep: _Episode, channel_fd: int, out_w: int, scratch: str, uid: int | None):
-        """Child side of the fork: wire fds, jail, run the worker. Never returns."""
-        try:
-            os.dup2(self.devnull, 0)
-            os.dup2(out_w, 1)
-            os.dup2(out_w, 2)
-            os.dup2(channel_fd, 3)
-            os.closerange(4, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            isolation.jail_worker(self.plan.namespaces, scratch, uid, self.rlimits, self.cfg.disk_mb << 20,
-                                  self.syscall_filter)
-            os.environ.clear()
-            os.environ.update({"HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", "PATH": ""})
-            sys.path[:] = self.worker_sys_path
-            _reseed_numpy()
-            worker.serve(ep.program, ep.seed, ep.max_turns, ep.env_kwargs, self.cfg.restrict_imports,
-                         self.cfg.max_message_bytes)
-        except BaseException as err:
-            try:
-                write_all(3, encode_frame({"ok": False, "error": f"sandbox setup failed: {err}"}))
-            except BaseException:
-                pass
-        finally:
-            os._exit(0)
+    def _remove_scratch(self, ep: _Episode) -> None:
+        if ep.scratch_dir:
+            shutil.rmtree(ep.scratch_dir, ignore_errors=True)
+            ep.scratch_dir = None
 
     def _send(self, ep: _Episode, frame: bytes) -> None:
         ep.wbuf += frame
@@ -469,29 +562,96 @@ class Host:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if ep.wbuf else 0)
         self.sel.modify(ep.sock, events, (ep, "sock"))
 
+    def _stop(self, ep: _Episode) -> None:
+        """Freezes an idle worker: no timer, handler or loop of the program runs between calls."""
+        if ep.pid and not ep.stopped:
+            self._signal(ep.pid, signal.SIGSTOP)
+            ep.stopped = True
+
+    def _resume(self, ep: _Episode) -> None:
+        """Lets a stopped worker run again (after its request is already in its channel)."""
+        if ep.pid and ep.stopped:
+            self._signal(ep.pid, signal.SIGCONT)
+            ep.stopped = False
+
     def _poll(self, timeout: float | None) -> bool:
-        """Handles worker events and expired deadlines; True when the client has sent a request."""
+        """Handles events, deadlines and the budget; True when the client has sent a request."""
         client = False
         for key, mask in self.sel.select(timeout):
             if key.data is None:
                 client = True
                 continue
+            if key.data == "zygote":
+                self._pump_zygote(0.0)
+                continue
             ep, kind = key.data
             if ep.pid == 0:
                 continue
-            if kind == "out":
-                self._read_output(ep)
-            else:
-                if mask & selectors.EVENT_WRITE:
-                    self._flush_writes(ep)
-                if mask & selectors.EVENT_READ and ep.pid:
-                    self._read_channel(ep)
+            try:
+                if kind == "out":
+                    self._read_output(ep)
+                else:
+                    if mask & selectors.EVENT_WRITE:
+                        self._flush_writes(ep)
+                    if mask & selectors.EVENT_READ and ep.pid:
+                        self._read_channel(ep)
+            except _HostFailure:
+                raise
+            except Exception as err:  # never let one episode's data take the host down
+                traceback.print_exc(file=sys.stderr)
+                if ep.pid:
+                    self._fail(ep, f"sandbox host error while handling this episode: {type(err).__name__}: "
+                                   f"{clean_text(str(err), 300)}")
         now = time.monotonic()
         for call in [c for c in self.inflight if c.deadline <= now]:
             if call in self.inflight:
-                limit = self.cfg.load_timeout_s if call.phase == "load" else self.cfg.call_timeout_s
-                self._fail(call.ep, f"timeout: {call.phase} took longer than {limit:g} s", timed_out=True)
+                self._fail(call.ep, self._timeout_message(call), timed_out=True)
+        if self.inflight and now >= self.next_budget_check:
+            self.next_budget_check = now + _BUDGET_CHECK_S
+            self._check_budget()
         return client
+
+    def _timeout_message(self, call: _Call) -> str:
+        if call.limit == "episode":
+            return (f"timeout: the episode's time budget of {self.cfg.episode_time_s:g} s "
+                    f"(episode_time_s) is spent ({call.phase})")
+        limit = self.cfg.load_timeout_s if call.phase == "load" else self.cfg.call_timeout_s
+        return f"timeout: {call.phase} took longer than {limit:g} s"
+
+    def _check_budget(self) -> None:
+        """The supervisor's share of the budget: pool memory (no cgroup) and scratch size (no tmpfs)."""
+        busy = [call.ep for call in self.inflight if call.ep.pid]
+        if not self.plan.namespaces:
+            for ep in busy:
+                reason = self._scratch_problem(ep)
+                if reason:
+                    self._fail(ep, reason)
+        if self.base.cgroup is not None or self.base.proc_fd is None:
+            return
+        for ep in busy:
+            ep.memory = usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
+        total = self._pool_memory()
+        budget = self.cfg.pool_memory_mb << 20
+        busy = [ep for ep in busy if ep.pid]
+        if total > budget and busy:
+            victim = max(busy, key=lambda ep: ep.memory)
+            self._fail(victim, f"memory budget exceeded: the sandbox's episodes together used {total >> 20} MB, "
+                               f"more than pool_memory_mb={self.cfg.pool_memory_mb} (this episode held "
+                               f"{victim.memory >> 20} MB)")
+
+    def _pool_memory(self) -> int:
+        if self.base.cgroup is not None:
+            return self.base.cgroup.memory_bytes()
+        return sum(ep.memory for ep in self.by_pid.values())
+
+    def _scratch_problem(self, ep: _Episode) -> str | None:
+        if not ep.scratch_dir:
+            return None
+        used, entries, truncated = usage.tree_usage(ep.scratch_dir, _SCRATCH_INODES)
+        if used > self.cfg.disk_mb << 20 or truncated:
+            return (f"scratch directory over its budget: {used >> 20} MB in {entries}{'+' if truncated else ''} "
+                    f"entries (disk_mb={self.cfg.disk_mb}, at most {_SCRATCH_INODES} entries)")
+        return None
 
     def _read_channel(self, ep: _Episode) -> None:
         try:
@@ -543,12 +703,13 @@ class Host:
         phase = call.phase
         limit = self.cfg.max_observation_chars
         try:
-            reply = decode_payload(payload)
+            reply = check_message(decode_payload(payload))
             if phase == "load":
                 ep.meta = check_load(reply)
                 if ep.turn_limit is None:
                     ep.turn_limit = min(ep.meta["max_turns"] or _DEFAULT_TURN_LIMIT, _MAX_TURN_LIMIT)
-                call.phase, call.deadline = "reset", time.monotonic() + self.cfg.call_timeout_s
+                self._end_phase(call)
+                self._begin_phase(call, "reset")
                 return
             value = unwrap(reply)
             if phase == "reset":
@@ -571,6 +732,14 @@ class Host:
         except ContractViolation as err:
             self._fail(ep, f"contract violation: {err}")
         else:
+            self._end_phase(call)
+            scratch = None if self.plan.namespaces else self._scratch_problem(ep)
+            if scratch:
+                self._fail(ep, scratch)
+                return
+            if self.base.cgroup is None and self.base.proc_fd is not None:
+                ep.memory = usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
+            self._stop(ep)
             ep.state, ep.call = "idle", None
             self._finish(call, result)
 
@@ -595,16 +764,30 @@ class Host:
 
     def _fail(self, ep: _Episode, message: str | None, timed_out: bool = False) -> None:
         """Kills the episode's worker; answers its pending call (if any) with ``message``."""
+        call = ep.call
+        if call is not None:
+            self._end_phase(call)
         status = self._kill(ep, wait_first=message is None)
         if message is None:
-            message = _describe_exit(status)
+            message = self._describe_exit(status)
         ep.dead_reason = message
-        call = ep.call
         if call is not None:
             self._finish(call, self._error(call, message, call.phase, timed_out=timed_out))
 
+    def _describe_exit(self, status: int | None) -> str:
+        text = _describe_exit(status)
+        if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL \
+                and self.base.cgroup is not None:
+            kills = self.base.cgroup.oom_kills()
+            if kills > self.oom_kills_seen:
+                self.oom_kills_seen = kills
+                text += (f" (out of memory: the sandbox's budget of pool_memory_mb={self.cfg.pool_memory_mb} "
+                         "for all episodes together is spent)")
+        return text
+
     def _kill(self, ep: _Episode, wait_first: bool = False) -> int | None:
-        """SIGKILLs the worker (its PID namespace or process group), reaps it, frees fds/slot/dir.
+        """SIGKILLs the worker (its PID namespace or process group), waits for the zygote to reap
+        it, frees fds/slot/dir.
 
         ``wait_first``: the worker's channel hit EOF, so give it a moment to exit by itself
         and report its own exit status rather than our SIGKILL.
@@ -612,10 +795,10 @@ class Host:
         status = None
         if ep.pid:
             if wait_first:
-                status = self._wait_exit(ep.pid)
+                status = self._await_exit(ep.pid, _EXIT_GRACE_S)
             if status is None:
-                self._signal(ep.pid)
-                status = self._reap(ep.pid)
+                self._signal(ep.pid, signal.SIGKILL)
+                status = self._await_exit(ep.pid, _REAP_TIMEOUT_S)
         self._release(ep)
         return status
 
@@ -623,19 +806,21 @@ class Host:
         """Like ``_kill`` for many episodes: signal all first so their teardowns overlap."""
         for ep in eps:
             if ep.pid:
-                self._signal(ep.pid)
-        swept = False
+                self._signal(ep.pid, signal.SIGKILL)
+        uids = set()
         for ep in eps:
             if ep.pid:
-                self._reap(ep.pid)
-                swept = True
+                self._await_exit(ep.pid, _REAP_TIMEOUT_S)
+                if ep.uid is not None:
+                    uids.add(ep.uid)
             self._release(ep, sweep=False)
-        if swept and not self.plan.namespaces:
-            self._sweep_strays()
+        if eps and not self.plan.namespaces:
+            self._sweep(uids)
 
     def _release(self, ep: _Episode, sweep: bool = True) -> None:
         if ep.pid:
             del self.by_pid[ep.pid]
+            self.exits.pop(ep.pid, None)
             for fd in (ep.sock, ep.out_fd):
                 if fd >= 0:
                     self.sel.unregister(fd)
@@ -643,95 +828,77 @@ class Host:
             ep.pid, ep.sock, ep.out_fd = 0, -1, -1
             self.free_slots.append(ep.slot)
             if sweep and not self.plan.namespaces:
-                self._sweep_strays()
-        if ep.scratch_dir:
-            shutil.rmtree(ep.scratch_dir, ignore_errors=True)
-            ep.scratch_dir = None
+                self._sweep({ep.uid} if ep.uid is not None else set())
+        self._remove_scratch(ep)
         ep.state = "dead"
         if ep.dead_reason is None:
             ep.dead_reason = "closed"
 
-    def _signal(self, pid: int) -> None:
+    def _signal(self, pid: int, sig: int) -> None:
         if not self.plan.namespaces:
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pid, sig)
             except OSError:
                 pass
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except OSError:
             pass
 
-    def _wait_exit(self, pid: int) -> int | None:
-        """The exit status if the worker exits by itself within a short grace period (EOF seen)."""
-        end = time.monotonic() + _EXIT_GRACE_S
-        while True:
-            try:
-                got, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return self.statuses.pop(pid, None)
-            if got:
-                return status
-            if time.monotonic() > end:
+    def _await_exit(self, pid: int, timeout: float) -> int | None:
+        """The worker's exit status once the zygote reports it, or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while pid not in self.exits:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return None
-            time.sleep(0.001)
+            self._pump_zygote(left)
+        return self.exits.pop(pid)
 
-    def _reap(self, pid: int) -> int | None:
-        while True:
-            try:
-                return os.waitpid(pid, 0)[1]
-            except ChildProcessError:
-                return self.statuses.pop(pid, None)
-            except InterruptedError:
-                continue
-
-    def _sweep_strays(self) -> None:
-        """Without PID namespaces: kills and reaps processes that escaped a worker's process group.
-
-        They are reparented to this host (a child subreaper) or, with per-episode uids, run
-        under a uid this host owns; both are found in /proc. Repeats until a scan finds none,
-        since killing a stray can reparent its own children to us.
-        """
+    def _sweep(self, uids: set[int]) -> None:
+        """Without namespaces: kills processes that escaped a worker's process group, and removes
+        what per-episode uids left in shared temporary directories."""
+        if self.plan.namespaces:
+            return
         for _ in range(50):
             strays = self._find_strays()
             if not strays:
                 break
-            for pid, _ in strays:
+            for pid in strays:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            for pid, ours in strays:
-                if ours:
-                    self._reap(pid)
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid in self.by_pid:
-                self.statuses[pid] = status
+            self._pump_zygote(0.01)
+        if uids:
+            usage.sweep_owned(_SHARED_TMP_DIRS, uids)
 
-    def _find_strays(self) -> list[tuple[int, bool]]:
-        """(pid, is our child) of processes that are neither this host nor a live worker but
-        are our children or run under one of our episode uids."""
-        me = os.getpid()
-        uid_range = range(self.uid_base, self.uid_base + _UID_SPAN) if self.uid_base is not None else range(0)
+    def _find_strays(self) -> list[int]:
+        """Processes that are neither a live worker nor the zygote but are the zygote's children
+        (orphans it adopted as subreaper) or run under one of our episode uids."""
+        proc = self.base.proc_fd
+        if proc is None:
+            return []
+        live = set(self.by_pid) | {self.base.zygote_pid, os.getpid()}
+        uid_range = range(self.plan.uid_base, self.plan.uid_base + _UID_SPAN) if self.plan.uid_base is not None \
+            else range(0)
         strays = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in self.by_pid or int(name) == me:
+        for name in os.listdir(proc):
+            if not name.isdigit() or int(name) in live:
                 continue
             try:
-                with open(f"/proc/{name}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+                fd = os.open(f"{name}/status", os.O_RDONLY, dir_fd=proc)
+                try:
+                    text = os.read(fd, 1 << 16).decode(errors="replace")
+                finally:
+                    os.close(fd)
             except OSError:
                 continue
+            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
             ppid = int(fields.get("PPid", "0").strip() or 0)
             uid = int(fields.get("Uid", "-1").split()[0])
-            if ppid == me or uid in uid_range:
-                strays.append((int(name), ppid == me))
+            if ppid == self.base.zygote_pid or uid in uid_range:
+                strays.append(int(name))
         return strays
 
 
@@ -745,7 +912,7 @@ def _describe_exit(status: int | None) -> str:
         except ValueError:
             name = str(sig)
         hint = {"SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)", "SIGSEGV": " (crash, e.g. "
-                "stack overflow)", "SIGKILL": ""}.get(name, "")
+                "stack overflow)", "SIGSYS": " (a forbidden system call)", "SIGKILL": ""}.get(name, "")
         return f"the worker was killed by {name}{hint}"
     return f"the worker exited with code {os.WEXITSTATUS(status)}"
 
@@ -785,14 +952,112 @@ def _runtime_dirs() -> list[str]:
     return [d for d in dirs if os.path.realpath(d) not in site]
 
 
-def _reseed_numpy() -> None:
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(int.from_bytes(os.urandom(4), "big"))
+def _preload() -> None:
+    """Imports everything a worker may use, so workers share the pages and never need the filesystem."""
+    for name in sorted(ALLOWED_MODULES - {"__future__"}) + list(_PRELOAD_EXTRA):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    sysconfig.get_paths()  # loads (and caches) the build config while the files are still readable
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    """Becomes ``uid``/``gid`` for good (the client started the host as root)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.geteuid() != uid or os.getegid() != gid:
+        raise OSError(f"could not switch the sandbox host to uid {uid}")
+    # A uid switch leaves the process undumpable: its /proc files stay root's, so it could not
+    # write its own uid map (user namespaces) nor its workers their OOM score. Workers never
+    # reach the host's /proc entries: PID namespaces or Landlock hide them, seccomp denies ptrace.
+    isolation.prctl(isolation.PR_SET_DUMPABLE, 1)
+
+
+def _build_base(plan: _Plan, cgroup: PoolCgroup | None, cgroup_note: str, client_fds: tuple[int, ...]) -> _Base:
+    """Everything before the config: fds, the private root (or a private dir), the zygote."""
+    notes = list(plan.notes)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    read_paths = isolation.minimal_bind_dirs(_runtime_dirs())
+    vm_bytes = _vm_size_bytes()
+    outer_root = os.geteuid() == 0 and (not plan.user_namespace or _outer_uid_is_root())
+    pool_dir = None
+    if plan.namespaces:
+        pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        proc_fd = isolation.mount_private_proc()
+        if proc_fd is None:
+            notes.append("could not mount a procfs for the host (the pool memory budget needs it or a cgroup)")
+        isolation.build_private_root(read_paths)
+        isolation.sethostname("sandbox")
+    else:
+        pidns_fd = None
+        proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        pool_dir = tempfile.mkdtemp(prefix="spade_sandbox_")
+        os.chmod(pool_dir, 0o711)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    sys_path = [p for p in sys.path if p == stdlib or p.startswith(stdlib + "/")]
+    gc.collect()
+    gc.freeze()
+    host_sock, zygote_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            host_sock.close()
+            for fd in client_fds:
+                os.close(fd)
+            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if not plan.namespaces:
+                isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
+            zygote.Zygote(zygote_sock, proc_fd, pidns_fd).run()
+        finally:
+            os._exit(1)
+    zygote_sock.close()
+    if cgroup is not None:
+        cgroup.join(pid)
+    return _Base(plan, proc_fd, pidns_fd, pool_dir, read_paths, sys_path, pid, host_sock, cgroup, cgroup_note, notes,
+                 vm_bytes, outer_root)
+
+
+def _options(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m spade_jax.sandbox.host")
+    parser.add_argument("--isolation", choices=ISOLATION_LEVELS, default="auto")
+    parser.add_argument("--user-namespace", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("--pool-memory-mb", type=int, required=True)
+    parser.add_argument("--pool-processes", type=int, required=True)
+    return parser.parse_args(argv)
+
+
+def _guard_from_outside(cgroup: PoolCgroup | None, client_fds: tuple[int, ...]) -> None:
+    """Forks: the child goes on as the host (init of the new PID namespace, if one was entered),
+    the parent waits for it and then removes the pool cgroup, however the host ended."""
+    child = os.fork()
+    if child == 0:
+        isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    for fd in client_fds:
+        os.close(fd)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if cgroup is not None:
+        cgroup.close()
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _refuse(reply_fd: int, error: str, kind: str, code: int):
+    write_all(reply_fd, encode_frame({"ok": False, "error": error, "kind": kind}))
+    sys.exit(code)
 
 
 def main() -> None:
-    """Entry point: read the config, choose and enter isolation, hand-shake, serve."""
+    """Entry point: preload, isolate, fork the zygote, then read the config, hand-shake, serve."""
     cmd_fd, reply_fd = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -800,41 +1065,44 @@ def main() -> None:
     for fd in (cmd_fd, reply_fd, devnull):
         os.set_inheritable(fd, False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    options = _options(sys.argv[1:])
+    _preload()
+    if options.uid is not None:
+        _drop_privileges(options.uid, options.gid if options.gid is not None else options.uid)
+    user_ns = {"auto": None, "yes": True, "no": False}[options.user_namespace]
+    plan = choose_isolation(options.isolation, user_ns)
+    if plan.error:
+        _refuse(reply_fd, plan.error, "isolation", 3)
+    if os.geteuid() == 0 and not plan.user_namespace:
+        plan.uid_base, plan.uid_lock = claim_uid_range()
+    cgroup, cgroup_note = PoolCgroup.create(options.pool_memory_mb << 20, options.pool_processes,
+                                            f"spade-sandbox-{os.getpid()}-{random.SystemRandom().getrandbits(32):08x}")
+    if plan.namespaces:
+        isolation.enter_host_namespaces(plan.user_namespace)
+    _guard_from_outside(cgroup, (cmd_fd, reply_fd))
+    try:
+        base = _build_base(plan, cgroup, cgroup_note, (cmd_fd, reply_fd))
+    except Exception as err:
+        traceback.print_exc(file=sys.stderr)
+        _refuse(reply_fd, f"sandbox host setup failed: {err}", "setup" if plan.namespaces else "fatal", 4)
     try:
         config = SandboxConfig.from_dict(read_frame(cmd_fd, 1 << 20))
     except (EOFError, ProtocolError, TypeError, ValueError) as err:
-        write_all(reply_fd, encode_frame({"ok": False, "error": f"bad sandbox config: {err}"}))
-        sys.exit(2)
-    plan = choose_isolation(config)
-    if plan.error:
-        write_all(reply_fd, encode_frame({"ok": False, "error": plan.error, "kind": "isolation"}))
-        sys.exit(3)
-    if os.geteuid() == 0 and not plan.user_namespace:
-        plan.uid_base, plan.uid_lock = claim_uid_range()
-    if plan.namespaces:
-        isolation.enter_host_namespaces(plan.user_namespace)
-        child = os.fork()
-        if child:
-            for fd in (cmd_fd, reply_fd):
-                os.close(fd)
-            while True:
-                try:
-                    _, status = os.waitpid(child, 0)
-                    break
-                except InterruptedError:
-                    continue
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-        isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
-    host = Host(config, plan, cmd_fd, reply_fd, devnull)
+        _refuse(reply_fd, f"bad sandbox config: {err}", "fatal", 2)
     try:
-        report = host.setup()
+        host = Host(config, base, cmd_fd, reply_fd)
     except Exception as err:
         traceback.print_exc(file=sys.stderr)
-        kind = "setup" if plan.namespaces else "fatal"
-        write_all(reply_fd, encode_frame({"ok": False, "error": f"sandbox host setup failed: {err}", "kind": kind}))
-        sys.exit(4)
-    write_all(reply_fd, encode_frame({"ok": True, "isolation": report.to_dict()}))
-    host.serve()
+        _refuse(reply_fd, f"sandbox host setup failed: {err}", "fatal", 4)
+    if options.isolation == "strict" and host.report.missing:
+        _refuse(reply_fd, "isolation='strict' but these protections are not in force: "
+                          f"{', '.join(host.report.missing)} ({'; '.join(host.report.notes)})", "isolation", 3)
+    write_all(reply_fd, encode_frame({"ok": True, "isolation": host.report.to_dict()}))
+    try:
+        host.serve()
+    except _HostFailure as err:
+        print(f"sandbox host: {err}", file=sys.stderr)
+        sys.exit(5)
 
 
 if __name__ == "__main__":

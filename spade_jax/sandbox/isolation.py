@@ -1,21 +1,22 @@
-"""Kernel isolation for the sandbox host and its workers: namespaces, a private root, rlimits.
+"""Kernel isolation for the sandbox host and its workers: namespaces, a private root, the worker jail.
 
 Linux only; raw syscalls through ctypes (Python 3.11 has no os.unshare/os.setns).
 
 * The host enters new mount, network, IPC, UTS and PID namespaces (plus a user namespace
-  when not root), becomes init of that PID namespace and pivots into a private root that
-  holds only read-only bind mounts of what the preloaded interpreter needs (stdlib,
-  numpy, the directories of loaded shared libraries, a few /dev nodes) and an empty
-  ``/scratch`` mount point. No /proc, /tmp, home or project directories.
-* Each worker is forked into its own PID namespace (it is init there: it sees only its
-  own processes and they all die with it), enters its own mount and IPC namespaces,
-  mounts a private size-limited tmpfs on ``/scratch``, sets rlimits, drops to its own
-  unprivileged uid (or drops every capability inside a user namespace) and sets
-  no_new_privs.
-* Workers finally install a seccomp filter (``seccomp.py``) refusing namespace, mount,
-  ptrace and similar syscalls.
-* ``probe`` tries all of this in a throwaway child first, so the host only commits to
-  namespaces the kernel actually grants.
+  when not root), becomes init of that PID namespace, mounts a procfs of its own (kept as
+  an open directory, for the supervisor) and pivots into a private root that holds only
+  read-only bind mounts of what the preloaded interpreter needs (stdlib, numpy, the
+  directories of loaded shared libraries, a few /dev nodes) and an empty ``/scratch``
+  mount point. No /proc, /tmp, home or project directories.
+* Each worker (forked by the zygote, ``zygote.py``) is init of its own PID namespace,
+  enters its own mount, IPC and network namespaces, mounts a private size-limited tmpfs
+  on ``/scratch``, sets rlimits, drops to its own unprivileged uid (or drops every
+  capability inside a user namespace), sets no_new_privs, restricts itself with Landlock
+  (``landlock.py``) and finally installs the seccomp filter (``seccomp.py``).
+  Without namespaces the same jail runs minus the namespace steps, on a private scratch
+  directory of the host's disk.
+* ``probe`` tries the namespace setup in a throwaway child first, so the host only
+  commits to namespaces the kernel actually grants.
 Standard library only.
 """
 
@@ -28,7 +29,7 @@ import platform
 import resource
 import signal
 
-from spade_jax.sandbox import seccomp
+from spade_jax.sandbox import landlock, seccomp
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -54,6 +55,7 @@ _PIVOT_ROOT_SYSCALL = {"x86_64": 155, "aarch64": 41, "arm64": 41}
 _CAP_VERSION_3 = 0x20080522
 SCRATCH = "/scratch"
 DEV_NODES = ("null", "zero", "urandom", "random")
+OOM_SCORE_ADJ_MAX = 1000
 _ROOT_MOUNTPOINTS = ("/mnt", "/media", "/srv", "/opt", "/tmp", "/var/tmp", "/home")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -163,7 +165,7 @@ def probe(user_namespace: bool) -> str | None:
                 unshare(CLONE_NEWPID)
                 worker = os.fork()
                 if worker == 0:
-                    unshare(CLONE_NEWNS | CLONE_NEWIPC)
+                    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET)
                     mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k")
                     os._exit(0)
                 _, code = os.waitpid(worker, 0)
@@ -221,6 +223,20 @@ def minimal_bind_dirs(dirs) -> list[str]:
     return kept
 
 
+def mount_private_proc() -> int | None:
+    """A procfs of the caller's (new) PID namespace, as an open directory fd; None if refused.
+
+    Called before ``build_private_root``: the mount itself disappears with the old root,
+    the fd keeps it readable for the host alone.
+    """
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    try:
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        return None
+    return os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
 def build_private_root(bind_dirs) -> None:
     """Pivots the calling process (already in a new mount namespace) into the private root."""
     bind_dirs = minimal_bind_dirs(bind_dirs)
@@ -261,19 +277,29 @@ def worker_rlimits(cpu_seconds: int, address_space: int, file_size: int, open_fi
     }
 
 
-def jail_worker(namespaces: bool, scratch: str, uid: int | None, rlimits: dict, scratch_bytes: int,
-                syscall_filter: bool) -> None:
-    """Confines the calling (freshly forked) worker; raises OSError when any step fails."""
+def jail_worker(jail: dict, scratch: str, uid: int | None, proc_fd: int | None) -> dict:
+    """Confines the calling (freshly forked) worker; raises OSError when any step fails.
+
+    ``jail`` is the host's per-pool description (``Host.jail``): namespaces, rlimits,
+    scratch size, Landlock paths and whether seccomp is available. Returns what Landlock
+    put in force.
+    """
     os.setsid()
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if namespaces:
-        unshare(CLONE_NEWNS | CLONE_NEWIPC)
+    if proc_fd is not None:
+        fd = os.open("self/oom_score_adj", os.O_WRONLY, dir_fd=proc_fd)
+        try:
+            os.write(fd, str(OOM_SCORE_ADJ_MAX).encode())
+        finally:
+            os.close(fd)
+    if jail["namespaces"]:
+        unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET)
         owner = 0 if uid is None else uid
         mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              f"size={scratch_bytes},nr_inodes=4096,mode=0700,uid={owner},gid={owner}")
+              f"size={jail['scratch_bytes']},nr_inodes={jail['scratch_inodes']},mode=0700,uid={owner},gid={owner}")
     os.chdir(scratch)
-    for which, limits in rlimits.items():
-        resource.setrlimit(which, limits)
+    for which, limits in jail["rlimits"]:
+        resource.setrlimit(which, tuple(limits))
     if uid is not None:
         _drop_bounding_set(strict=False)
         os.setgroups([])
@@ -281,12 +307,21 @@ def jail_worker(namespaces: bool, scratch: str, uid: int | None, rlimits: dict, 
         os.setresuid(uid, uid, uid)
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError(errno.EPERM, "could not switch to the episode uid")
-    else:
+    elif os.geteuid() == 0:
         drop_capabilities()
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_DUMPABLE, 0)
-    if syscall_filter:
+    in_force = {}
+    if jail["landlock"]:
+        in_force = landlock.restrict(jail["read_paths"], [scratch], jail["device_files"])
+    if jail["syscall_filter"]:
         seccomp.install()
+    return in_force
+
+
+def worker_rlimits_list(rlimits: dict) -> list:
+    """``worker_rlimits`` as JSON-friendly ``[resource, [soft, hard]]`` pairs (the zygote gets JSON)."""
+    return [[which, list(limits)] for which, limits in rlimits.items()]
 
 
 def probe_syscall_filter() -> bool:

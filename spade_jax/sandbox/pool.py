@@ -3,7 +3,10 @@
 The pool never runs environment code itself: it starts ``python -m spade_jax.sandbox.host``
 (JAX-free, scrubbed environment, own session) and sends it batched requests. Every call
 returns per-episode results in the order asked; failures of one episode are reported in
-its result and never raise. Not thread-safe: use one pool per thread (or process).
+its result and never raise. A host that dies or hangs anyway is killed and started
+again: the calls in flight and every episode it held then fail (``failed_call="host"``),
+nothing else does. Only a host that cannot be started again raises ``SandboxError``.
+Not thread-safe: use one pool per thread (or process).
 
     with SandboxPool(SandboxConfig(num_workers=4)) as pool:
         print(pool.isolation)
@@ -38,7 +41,7 @@ _REPLY_MARGIN_S = 30.0
 
 
 class SandboxError(RuntimeError):
-    """The sandbox host itself failed (exited, hung or answered nonsense); the pool is unusable."""
+    """The sandbox host could not be started (again), or refused a malformed request."""
 
 
 class _NamespaceSetupFailed(SandboxError):
@@ -55,6 +58,18 @@ def host_environment() -> dict[str, str]:
     return env
 
 
+def host_command(config: SandboxConfig) -> list[str]:
+    """How the host is started: the settings isolation needs before any config is read."""
+    user_ns = {None: "auto", True: "yes", False: "no"}[config.user_namespace]
+    command = [sys.executable, "-m", "spade_jax.sandbox.host", "--isolation", config.isolation,
+               "--user-namespace", user_ns, "--pool-memory-mb", str(config.pool_memory_mb),
+               "--pool-processes", str(config.pool_processes)]
+    if config.host_uid is not None:
+        gid = config.host_gid if config.host_gid is not None else config.host_uid
+        command += ["--uid", str(config.host_uid), "--gid", str(gid)]
+    return command
+
+
 def _terminate(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -67,21 +82,28 @@ class SandboxPool:
     def __init__(self, config: SandboxConfig | None = None):
         self.config = config or SandboxConfig()
         self._next_id = 0
+        self._live: set[int] = set()
+        self._lost: dict[int, str] = {}
+        self.host_restarts = 0
+        self.isolation = self._start()
+        if self.isolation.missing:
+            warnings.warn(f"sandbox protections not in force: {', '.join(self.isolation.missing)} "
+                          f"({'; '.join(self.isolation.notes)})", RuntimeWarning, stacklevel=2)
+
+    def _start(self) -> IsolationReport:
         try:
-            self.isolation = self._start_host(self.config)
+            return self._start_host(self.config)
         except _NamespaceSetupFailed as err:
-            # the probe passed but building the private root did not: "auto" accepts process limits
-            self.isolation = self._start_host(dataclasses.replace(self.config, isolation="rlimits"))
-            self.isolation = dataclasses.replace(self.isolation, notes=(
-                f"namespaces were granted but setting them up failed ({err}); using process limits only",))
-        if not self.isolation.full:
-            warnings.warn(f"sandbox isolation is reduced: {'; '.join(self.isolation.notes)}", RuntimeWarning,
-                          stacklevel=2)
+            # the probe passed but building the private root did not: "auto" accepts less
+            report = self._start_host(dataclasses.replace(self.config, isolation="rlimits"))
+            return dataclasses.replace(report, notes=(
+                f"namespaces were granted but setting them up failed ({err}); running without them",
+                *report.notes[1:]))
 
     def _start_host(self, config: SandboxConfig) -> IsolationReport:
         self._closed = False
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "spade_jax.sandbox.host"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            host_command(config), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=host_environment(), cwd="/", close_fds=True, start_new_session=True)
         self._finalizer = weakref.finalize(self, _terminate, self._proc)
         self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
@@ -128,8 +150,12 @@ class SandboxPool:
                              "max_turns": spec.max_turns, "turn_limit": spec.turn_limit,
                              "env_kwargs": spec.env_kwargs})
             self._next_id += 1
+        ids = [e["id"] for e in episodes]
+        self._live.update(ids)
         budget = self.config.load_timeout_s + self.config.call_timeout_s
         reply = self._request({"op": "start", "programs": programs, "episodes": episodes}, len(specs), budget)
+        if reply is None:
+            return [self._lost_step(eid) for eid in ids]
         return [StepResult.from_dict(r) for r in reply["results"]]
 
     def step(self, episode_ids: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
@@ -137,19 +163,27 @@ class SandboxPool:
         ids = _ids(episode_ids)
         if len(actions) != len(ids):
             raise ValueError(f"step() got {len(ids)} episode ids but {len(actions)} actions")
-        if not ids:
-            return []
-        reply = self._request({"op": "step", "ids": ids, "actions": list(actions)}, len(ids),
-                              self.config.call_timeout_s)
-        return [StepResult.from_dict(r) for r in reply["results"]]
+        asked = [(i, eid, action) for i, (eid, action) in enumerate(zip(ids, actions)) if eid not in self._lost]
+        results = [self._lost_step(eid) for eid in ids]
+        if asked:
+            reply = self._request({"op": "step", "ids": [eid for _, eid, _ in asked],
+                                   "actions": [action for _, _, action in asked]}, len(asked),
+                                  self.config.call_timeout_s)
+            for (i, eid, _), raw in zip(asked, reply["results"] if reply else [None] * len(asked)):
+                results[i] = StepResult.from_dict(raw) if raw else self._lost_step(eid)
+        return results
 
     def solution_results(self, episode_ids: Sequence[int]) -> list[SolutionResult]:
         """Calls ``solution()`` on each episode's env; errors and timeouts are in the results."""
         ids = _ids(episode_ids)
-        if not ids:
-            return []
-        reply = self._request({"op": "solution", "ids": ids}, len(ids), self.config.call_timeout_s)
-        return [SolutionResult.from_dict(r) for r in reply["results"]]
+        asked = [(i, eid) for i, eid in enumerate(ids) if eid not in self._lost]
+        results = [self._lost_solution(eid) for eid in ids]
+        if asked:
+            reply = self._request({"op": "solution", "ids": [eid for _, eid in asked]}, len(asked),
+                                  self.config.call_timeout_s)
+            for (i, eid), raw in zip(asked, reply["results"] if reply else [None] * len(asked)):
+                results[i] = SolutionResult.from_dict(raw) if raw else self._lost_solution(eid)
+        return results
 
     def solution(self, episode_ids: Sequence[int]) -> list[str | None]:
         """Reference action sequences (one action per line); None where unavailable (see solution_results)."""
@@ -158,20 +192,28 @@ class SandboxPool:
     def close(self, episode_ids: Sequence[int]) -> None:
         """Ends episodes: their workers are killed and reaped, their ids forgotten."""
         ids = _ids(episode_ids)
-        if ids:
-            self._request({"op": "close", "ids": ids}, 1, 1.0)
+        for eid in ids:
+            self._lost.pop(eid, None)
+        asked = [eid for eid in ids if eid in self._live]
+        self._live.difference_update(asked)
+        if asked:
+            self._request({"op": "close", "ids": asked}, 1, 1.0)
 
     def output(self, episode_ids: Sequence[int]) -> list[str]:
         """What each episode's env printed since the last call (the last 16 KiB at most)."""
         ids = _ids(episode_ids)
         if not ids:
             return []
-        return self._request({"op": "output", "ids": ids}, 1, 1.0)["outputs"]
+        reply = self._request({"op": "output", "ids": ids}, 1, 1.0)
+        return reply["outputs"] if reply else [""] * len(ids)
 
     def stats(self) -> dict:
-        """Live worker count, episode records held and fds registered by the host."""
+        """Live worker count, episode records held, fds registered by the host and the pool's
+        memory (the cgroup's usage, or the sum of its workers' PSS as last measured)."""
         reply = self._request({"op": "stats"}, 1, 1.0)
-        return {k: reply[k] for k in ("live", "records", "registered_fds")}
+        if reply is None:
+            return {"live": 0, "records": 0, "registered_fds": 0, "memory_bytes": 0}
+        return {k: reply[k] for k in ("live", "records", "registered_fds", "memory_bytes")}
 
     def close_all(self) -> None:
         """Kills every episode and stops the host. Idempotent."""
@@ -179,8 +221,8 @@ class SandboxPool:
             return
         try:
             if self._proc.poll() is None:
-                self._request({"op": "shutdown"}, 1, 5.0)
-        except SandboxError:
+                self._exchange({"op": "shutdown"}, time.monotonic() + 5.0)
+        except (OSError, EOFError, ProtocolError, SandboxError):
             pass
         self._shutdown_host()
 
@@ -194,21 +236,48 @@ class SandboxPool:
 
     # --- host channel ------------------------------------------------------------------------
 
-    def _request(self, message: dict, calls: int, per_call_s: float) -> dict:
+    def _request(self, message: dict, calls: int, per_call_s: float) -> dict | None:
+        """The host's reply, or None when the host died on this request (it is restarted, and
+        every episode it held is lost)."""
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
         waves = math.ceil(calls / self.config.num_workers)
         deadline = time.monotonic() + waves * (per_call_s + 0.5) + _REPLY_MARGIN_S
         try:
-            write_all(self._wfd, encode_frame(message))
-            reply = self._read(deadline)
-        except (OSError, EOFError, ProtocolError) as err:
-            self._shutdown_host()
-            raise SandboxError(f"lost the sandbox host ({type(err).__name__}: {err}); "
-                               f"exit code {self._proc.poll()}") from None
+            reply = self._exchange(message, deadline)
+        except (OSError, EOFError, ProtocolError, SandboxError) as err:
+            self._restart(f"{type(err).__name__}: {err}")
+            return None
         if not reply.get("ok"):
             raise SandboxError(reply.get("error", "the sandbox host refused the request"))
         return reply
+
+    def _exchange(self, message: dict, deadline: float) -> dict:
+        write_all(self._wfd, encode_frame(message))
+        return self._read(deadline)
+
+    def _restart(self, why: str) -> None:
+        """Replaces a dead or hung host; every episode it held is lost."""
+        self._shutdown_host()
+        code = self._proc.poll()
+        reason = f"the sandbox host died ({why}; exit code {code}) and was restarted: this episode is lost"
+        self._lost.update({eid: reason for eid in self._live})
+        self._live.clear()
+        warnings.warn(reason.replace(": this episode is lost", f"; {len(self._lost)} episodes lost"), RuntimeWarning,
+                      stacklevel=3)
+        try:
+            self.isolation = self._start()
+        except (OSError, SandboxError, IsolationUnavailable) as err:
+            self._closed = True
+            raise SandboxError(f"the sandbox host died ({why}) and could not be started again: {err}") from None
+        self.host_restarts += 1
+
+    def _lost_step(self, eid: int) -> StepResult:
+        reason = self._lost.get(eid, f"the sandbox host died; episode {eid} is lost")
+        return StepResult(eid, error=reason, truncated=True, failed_call="host")
+
+    def _lost_solution(self, eid: int) -> SolutionResult:
+        return SolutionResult(eid, error=self._lost.get(eid, f"the sandbox host died; episode {eid} is lost"))
 
     def _read(self, deadline: float) -> dict:
         header = self._read_exact(HEADER_BYTES, deadline)

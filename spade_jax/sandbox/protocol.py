@@ -95,23 +95,29 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def raw_value(value, depth: int = 0):
-    """``value`` as JSON-safe raw data (see module docstring); never raises for odd objects."""
-    if value is None or isinstance(value, (bool, str)):
+    """``value`` as JSON-safe raw data (see module docstring); never raises for odd objects.
+
+    Types are matched exactly (a subclass of int or str is opaque), so methods an
+    environment overrides are never called here. The host checks everything again anyway.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
         return value
-    if isinstance(value, int):
-        return value if value.bit_length() <= 63 else float(value)
-    if isinstance(value, float):
+    if kind is int:
+        if -(1 << 63) <= value < (1 << 63):
+            return value
+        return {OPAQUE_KEY: "int out of range"}
+    if kind is float:
         return value if math.isfinite(value) else {OPAQUE_KEY: f"float {value!r}"}
     if depth >= _MAX_DEPTH:
         return {OPAQUE_KEY: "too deeply nested"}
-    kind = type(value).__module__
-    if kind == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
+    if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return raw_value(value.item(), depth + 1)
-    if isinstance(value, tuple) and type(value) is tuple:
+    if kind is tuple:
         return {TUPLE_KEY: [raw_value(v, depth + 1) for v in value]}
-    if isinstance(value, list):
+    if kind is list:
         return [raw_value(v, depth + 1) for v in value]
-    if isinstance(value, dict):
+    if kind is dict:
         out = {}
         for key, item in value.items():
             name = _json_key(key)
@@ -119,19 +125,20 @@ def raw_value(value, depth: int = 0):
                 return {OPAQUE_KEY: f"dict with key of type {type(key).__name__}"}
             out[name] = raw_value(item, depth + 1)
         return out
-    return {OPAQUE_KEY: type(value).__name__}
+    return {OPAQUE_KEY: kind.__name__ if type(kind.__name__) is str else "object"}
 
 
 def _json_key(key) -> str | None:
     """A dict key as ``json.dumps`` would write it, or None when JSON has no spelling for it."""
-    if isinstance(key, str):
+    kind = type(key)
+    if kind is str:
         return key
-    if isinstance(key, bool):
+    if kind is bool:
         return "true" if key else "false"
     if key is None:
         return "null"
-    if isinstance(key, int):
-        return str(int(key))
-    if isinstance(key, float) and math.isfinite(key):
-        return repr(float(key))
+    if kind is int:
+        return str(key)
+    if kind is float and math.isfinite(key):
+        return repr(key)
     return None

@@ -8,7 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-ISOLATION_LEVELS = ("auto", "namespaces", "rlimits")
+ISOLATION_LEVELS = ("auto", "strict", "namespaces", "rlimits")
+# Every protection the isolation report lists, strongest form first in each line of the docs.
+PROTECTIONS = ("zygote", "idle_stop", "seccomp", "private_root", "pid_namespace", "network_namespace",
+               "ipc_namespace", "per_episode_uid", "process_limit", "landlock_filesystem", "landlock_network",
+               "landlock_scopes", "memory_cgroup", "pids_cgroup", "scratch_tmpfs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,12 +22,22 @@ class SandboxConfig:
     num_workers: how many episode calls (start/step/solution) run at once; each live
       episode still owns its own worker process. Roughly the CPU cores to spend.
     max_live_episodes: live worker processes allowed at once (starts beyond get an error).
-    isolation: "auto" uses the strongest isolation the kernel allows and reports it;
-      "namespaces" demands network, filesystem and PID namespaces and fails closed
-      (IsolationUnavailable) without them; "rlimits" uses process limits only.
+    isolation: "auto" uses every protection the machine allows and says at start-up which
+      are missing; "strict" refuses to start (IsolationUnavailable) unless every protection
+      of ``IsolationReport.protections`` is in force; "namespaces" demands the namespaces
+      (private root, PID, network, IPC) and fails closed without them; "rlimits" does not
+      try namespaces (seccomp, Landlock and the budgets still apply).
     user_namespace: None creates a user namespace only when not root; True/False force it.
+    host_uid / host_gid: run the sandbox host and its workers as this uid/gid (the client
+      must be root to switch; gid defaults to the uid): an unprivileged account for the
+      whole sandbox when the trainer runs as root.
     load_timeout_s: deadline for forking a worker, running the program's module code and
       instantiating the class. call_timeout_s: deadline for each reset/step/solution call.
+      episode_time_s: the time all calls of one episode may take together (a program whose
+      every call stays just under call_timeout_s still ends).
+    pool_memory_mb / pool_processes: the budget of the whole sandbox (every worker
+      together): a cgroup enforces it where the machine has writable cgroups, else the host
+      sums its workers' memory and kills the largest busy one past the budget.
     cpu_seconds, memory_mb (address space on top of the preloaded interpreter), disk_mb
       (private scratch filesystem and largest file), open_files, max_processes (RLIMIT_NPROC;
       1 forbids fork and threads): per-episode resource limits.
@@ -37,8 +51,13 @@ class SandboxConfig:
     max_live_episodes: int = 2048
     isolation: str = "auto"
     user_namespace: bool | None = None
+    host_uid: int | None = None
+    host_gid: int | None = None
     load_timeout_s: float = 10.0
     call_timeout_s: float = 5.0
+    episode_time_s: float = 120.0
+    pool_memory_mb: int = 4096
+    pool_processes: int = 4096
     cpu_seconds: int = 120
     memory_mb: int = 1024
     disk_mb: int = 16
@@ -56,14 +75,20 @@ class SandboxConfig:
             raise ValueError(f"SandboxConfig.isolation must be one of {ISOLATION_LEVELS}, got {self.isolation!r}")
         for name in ("num_workers", "max_live_episodes", "cpu_seconds", "memory_mb", "disk_mb",
                      "open_files", "max_processes", "output_limit_bytes", "max_observation_chars",
-                     "max_message_bytes"):
+                     "max_message_bytes", "pool_memory_mb", "pool_processes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"SandboxConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        for name in ("load_timeout_s", "call_timeout_s", "host_start_timeout_s"):
+        for name in ("load_timeout_s", "call_timeout_s", "episode_time_s", "host_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_live_episodes > 65536:
             raise ValueError("SandboxConfig.max_live_episodes must be at most 65536 (one uid each)")
+        for name in ("host_uid", "host_gid"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"SandboxConfig.{name} must be a non-negative int or None, got {value!r}")
+        if self.host_gid is not None and self.host_uid is None:
+            raise ValueError("SandboxConfig.host_gid needs host_uid")
         if self.open_files < 8:
             raise ValueError("SandboxConfig.open_files must be at least 8 (the worker needs a few itself)")
 
@@ -167,37 +192,73 @@ class IsolationReport:
     """The isolation actually in force for a pool's workers.
 
     method: "namespaces" (root), "user-namespaces" (unprivileged) or "rlimits".
-    network: "none" (an empty network namespace) or "host".
-    filesystem: "private-root" (read-only Python runtime + a private scratch tmpfs, nothing
-      else of the host) or "host" (the host's files, with a private working directory).
-    pid_namespace: every episode is init of its own PID namespace (it sees and can signal
-      only its own processes, and all of them die with it).
-    per_episode_uid: every live episode runs as its own unprivileged uid.
-    syscall_filter: workers run under the seccomp filter of ``seccomp.py``.
+    protections: each name of ``PROTECTIONS`` -> whether it is in force:
+      zygote: workers are forked from a template process that never held a request, a
+        config or another program (always); idle_stop: a worker is stopped (SIGSTOP)
+        between calls, so nothing it armed runs while the host is not waiting (always);
+      seccomp: the syscall filter of ``seccomp.py`` (no exec, sockets, memfd, IPC, timers,
+        calls aimed at other processes);
+      private_root: a mount namespace holding only the read-only Python runtime and a
+        private scratch directory; pid_namespace: each episode is init of its own PID
+        namespace; network_namespace / ipc_namespace: each episode has its own (empty);
+      per_episode_uid: each live episode runs as its own unprivileged uid; process_limit:
+        RLIMIT_NPROC binds (not for uid 0 without per-episode uids);
+      landlock_filesystem / landlock_network / landlock_scopes: Landlock limits reads to
+        the runtime, writes to the scratch directory, denies TCP, and scopes abstract unix
+        sockets and signals to the episode;
+      memory_cgroup / pids_cgroup: the pool budget is a cgroup limit (else the host's
+        supervisor enforces the memory budget and rlimits bound processes);
+      scratch_tmpfs: the scratch directory is a size-limited tmpfs (else the host checks
+        its size after every call and while calls run).
     rlimits: the limits applied to each worker (cpu_s, address_space_mb, file_size_mb,
-      open_files, processes); ``processes_enforced`` says whether the kernel enforces the
-      process limit for this uid.
-    notes: why a stronger level is not in force, and other caveats.
+      open_files, processes).
+    budget: the whole pool's budget and what enforces it.
+    notes: why a protection is not in force, and other caveats.
     """
 
     method: str
-    network: str
-    filesystem: str
-    pid_namespace: bool
-    per_episode_uid: bool
-    syscall_filter: bool
+    protections: dict
     rlimits: dict
-    processes_enforced: bool
+    budget: dict = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
     @property
+    def missing(self) -> list[str]:
+        """Protections not in force, in ``PROTECTIONS`` order."""
+        return [name for name in PROTECTIONS if not self.protections.get(name)]
+
+    @property
     def full(self) -> bool:
-        return self.network == "none" and self.filesystem == "private-root" and self.pid_namespace
+        return not self.missing
+
+    @property
+    def network(self) -> str:
+        return "none" if self.protections.get("network_namespace") else "host"
+
+    @property
+    def filesystem(self) -> str:
+        return "private-root" if self.protections.get("private_root") else "host"
+
+    @property
+    def pid_namespace(self) -> bool:
+        return bool(self.protections.get("pid_namespace"))
+
+    @property
+    def per_episode_uid(self) -> bool:
+        return bool(self.protections.get("per_episode_uid"))
+
+    @property
+    def syscall_filter(self) -> bool:
+        return bool(self.protections.get("seccomp"))
+
+    @property
+    def processes_enforced(self) -> bool:
+        return bool(self.protections.get("process_limit"))
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["notes"] = list(self.notes)
-        data["full"] = self.full
+        data["missing"] = self.missing
         return data
 
     @classmethod

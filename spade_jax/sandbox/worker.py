@@ -1,17 +1,27 @@
 """The worker side: one forked, jailed process that holds one live environment for one episode.
 
-It runs the program's module code, finds the single ``*Env`` class, instantiates it, resets
-it, and then answers ``step``/``solution`` requests on its protocol channel (fd 3) with raw
-values (``protocol.raw_value``). Nothing here is trusted by the host: the environment code
-runs in this same process and may tamper with any of it; the host checks every reply.
-Standard library only (plus whatever the environment imports).
+The zygote forks it; its first frame on the protocol channel (fd 3) is the host's ``load``
+request carrying its own program, seed, max_turns and constructor kwargs (nothing about
+other episodes ever reaches it). It runs the program's module code, finds the single
+``*Env`` class, instantiates it, resets it, and then answers ``step``/``solution``
+requests with raw values (``protocol.raw_value``). Nothing here is trusted by the host:
+the environment code runs in this same process and may tamper with any of it; the host
+checks every reply. Standard library only (plus whatever the environment imports).
+
+Clocks: ``time`` and ``datetime`` read a virtual clock here (``install_virtual_clock``), so
+an environment cannot tell a pause between calls from no pause through them. This is a
+guard rail, not a boundary: CPython itself reads the vDSO clock (every lock acquire does),
+so the wall clock cannot be taken away from the process; admission's paused replay
+(``admission.py``) is what catches programs that behave differently after a pause.
 """
 
 from __future__ import annotations
 
 import builtins
+import datetime
 import linecache
 import sys
+import time
 import traceback
 import types
 
@@ -24,6 +34,8 @@ CHANNEL_FD = 3
 MODULE_NAME = "env_program"
 FILENAME = "<env>"
 _TRACE_FRAMES = 6
+VIRTUAL_EPOCH = 1735689600  # 2025-01-01T00:00:00Z: what "now" is inside an environment
+_TICK_NS = 1_000_000  # each clock reading advances the virtual clock by 1 ms
 
 
 def guarded_builtins() -> dict:
@@ -57,6 +69,64 @@ def describe_error(err: BaseException) -> str:
         return "\n".join([head[:2000], *lines])
     except BaseException:  # formatting itself failed (e.g. MemoryError, a hostile __str__)
         return type(err).__name__
+
+
+def install_virtual_clock() -> None:
+    """Makes ``time``'s clocks and ``datetime``'s now/today read a virtual clock.
+
+    It starts at VIRTUAL_EPOCH and advances 1 ms per reading, so readings depend only on
+    what the episode itself does, never on how long the host waited between calls.
+    """
+    ticks = [0]
+
+    def now_ns(*_clock) -> int:
+        ticks[0] += 1
+        return ticks[0] * _TICK_NS
+
+    def wall_ns(*_clock) -> int:
+        return VIRTUAL_EPOCH * 1_000_000_000 + now_ns()
+
+    def seconds(read):
+        return lambda *clock: read(*clock) / 1e9
+
+    real_localtime, real_gmtime, real_strftime = time.localtime, time.gmtime, time.strftime
+
+    def when(secs):
+        return wall_ns() / 1e9 if secs is None else secs
+
+    for name, fn in (("time_ns", wall_ns), ("time", seconds(wall_ns)), ("clock_gettime_ns", now_ns),
+                     ("clock_gettime", seconds(now_ns))):
+        setattr(time, name, fn)
+    for name in ("monotonic", "perf_counter", "process_time", "thread_time"):
+        setattr(time, f"{name}_ns", now_ns)
+        setattr(time, name, seconds(now_ns))
+    time.localtime = lambda secs=None: real_localtime(when(secs))
+    time.gmtime = lambda secs=None: real_gmtime(when(secs))
+    time.ctime = lambda secs=None: time.asctime(real_localtime(when(secs)))
+    time.strftime = lambda fmt, t=None: real_strftime(fmt, real_localtime(when(None)) if t is None else t)
+
+    class VirtualDate(datetime.date):
+        @classmethod
+        def today(cls):
+            return cls.fromtimestamp(time.time())
+
+    class VirtualDatetime(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls.fromtimestamp(time.time(), tz)
+
+        @classmethod
+        def utcnow(cls):
+            return cls.now(datetime.timezone.utc).replace(tzinfo=None)
+
+        @classmethod
+        def today(cls):
+            return cls.now()
+
+    VirtualDate.__name__ = VirtualDate.__qualname__ = "date"
+    VirtualDatetime.__name__ = VirtualDatetime.__qualname__ = "datetime"
+    VirtualDate.__module__ = VirtualDatetime.__module__ = "datetime"
+    datetime.date, datetime.datetime = VirtualDate, VirtualDatetime
 
 
 def load_env(program: str, max_turns: int | None, env_kwargs: dict, restrict_imports: bool):
@@ -122,16 +192,19 @@ def _reply(ok: bool, payload, max_bytes: int) -> None:
 
 
 def _call(fn, *args, max_bytes: int) -> None:
+    """Runs one env call and replies; output is flushed first, so it belongs to this call
+    (the host stops the worker as soon as the reply arrives)."""
     try:
         value = raw_value(fn(*args))
     except BaseException as err:  # SystemExit, KeyboardInterrupt etc. cost the env only this call
+        _flush_output()
         _reply(False, describe_error(err), max_bytes)
-    else:
-        try:
-            _reply(True, value, max_bytes)
-        except (TypeError, ValueError, RecursionError, OverflowError) as err:
-            _reply(False, f"reply is not encodable: {type(err).__name__}: {err}", max_bytes)
+        return
     _flush_output()
+    try:
+        _reply(True, value, max_bytes)
+    except (TypeError, ValueError, RecursionError, OverflowError) as err:
+        _reply(False, f"reply is not encodable: {type(err).__name__}: {err}", max_bytes)
 
 
 def _flush_output() -> None:
@@ -142,14 +215,21 @@ def _flush_output() -> None:
             pass
 
 
-def serve(program: str, seed, max_turns: int | None, env_kwargs: dict, restrict_imports: bool, max_bytes: int) -> None:
-    """Loads and resets the env, then answers requests until the host closes the channel."""
+def serve(restrict_imports: bool, max_bytes: int) -> None:
+    """Reads this episode's load request, loads and resets the env, then answers requests
+    until the host closes the channel."""
+    request = read_frame(CHANNEL_FD, max_bytes)
+    if not isinstance(request, dict) or request.get("op") != "load":
+        raise ValueError("the first request must be 'load'")
+    seed = request["seed"]
     try:
-        env, meta = load_env(program, max_turns, env_kwargs, restrict_imports)
+        env, meta = load_env(request["program"], request["max_turns"], request["env_kwargs"], restrict_imports)
     except BaseException as err:
-        _reply(False, describe_error(err), max_bytes)
         _flush_output()
+        _reply(False, describe_error(err), max_bytes)
         return
+    del request
+    _flush_output()
     _reply(True, meta, max_bytes)
     _call(env.reset, seed, max_bytes=max_bytes)
     while True:
