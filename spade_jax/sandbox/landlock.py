@@ -174,15 +174,14 @@ def restrict(read_paths, write_paths, device_files=()) -> dict:
 def probe() -> dict:
     """What Landlock grants here, tried in a throwaway forked child (this process stays unrestricted).
 
-    The child restricts itself to reading the stdlib directory and checks that ``/`` is then
-    refused. ``{"abi", "filesystem", "tcp", "scopes", "error"}``; ``error`` is None when Landlock
+    The child restricts itself to ``/dev/null`` (a path every uid can open, unlike the stdlib
+    of an interpreter under a private home) and checks that ``/`` is then refused. ``{"abi", "filesystem", "tcp", "scopes", "error"}``; ``error`` is None when Landlock
     is absent (abi 0) or worked, else why it failed.
     """
     abi = abi_version()
     report = {"abi": abi, "filesystem": False, "tcp": False, "scopes": False, "error": None}
     if abi == 0:
         return report
-    keep = os.path.dirname(os.path.abspath(os.__file__))
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -192,8 +191,8 @@ def probe() -> dict:
             if _libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
                            ctypes.c_ulong(0)) != 0:
                 raise _fail("prctl(PR_SET_NO_NEW_PRIVS)")
-            granted = restrict([keep], [], ())
-            os.listdir(keep)
+            granted = restrict([], [], [os.devnull])
+            os.close(os.open(os.devnull, os.O_RDONLY))
             try:
                 os.close(os.open("/", os.O_RDONLY | os.O_DIRECTORY))
             except PermissionError:
