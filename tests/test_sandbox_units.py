@@ -172,14 +172,21 @@ def test_distinct_library_envs_are_far_apart():
 
 # --- seccomp program ---------------------------------------------------------------------------
 
-@pytest.mark.skipif(not seccomp.supported(), reason="no seccomp filter for this architecture")
-def test_seccomp_program_denies_namespace_syscalls_and_allows_the_rest():
-    prog = seccomp.filter_program(1)
+@pytest.mark.parametrize("arch", sorted(seccomp.SYSCALLS))
+def test_seccomp_program_denies_namespace_syscalls_and_allows_the_rest(arch):
+    prog = seccomp.filter_program(1, arch)
     assert prog[-1] == (0x06, 0, 0, 0x7FFF0000)  # default: allow
     assert prog[2] == (0x06, 0, 0, 0x80000000)  # foreign architecture: kill
-    denied = {k for code, jt, jf, k in prog if code == 0x15 and (jt, jf) == (0, 1)}
-    assert seccomp._DENIED[seccomp._arch()]["unshare"] in denied
-    assert len(prog) < 255 and all(len(struct.pack("=HBBI", *ins)) == 8 for ins in prog)
+    numbers = seccomp.SYSCALLS[arch]
+    eperm = 0x00050000 | 1
+    denied = {k for (code, jt, jf, k), nxt in zip(prog, prog[1:]) if code == 0x15 and (jt, jf) == (0, 1)
+              and nxt == (0x06, 0, 0, eperm)}
+    for name in ("unshare", "setns", "mount", "ptrace", "execve", "socket", "socketpair", "memfd_create",
+                 "shmget", "setitimer", "io_uring_setup", "bpf", "pidfd_open"):
+        assert numbers[name] in denied, name
+    assert numbers["kill"] not in denied  # argument rule, not a plain denial
+    assert ("alarm" in numbers) == (arch == "x86_64")  # aarch64 has no legacy calls
+    assert len(prog) <= 4096 and all(len(struct.pack("=HBBI", *ins)) == 8 for ins in prog)
 
 
 # --- records -------------------------------------------------------------------------------------

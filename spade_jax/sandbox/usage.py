@@ -1,0 +1,331 @@
+"""The supervisor's own measurements and clean-ups where no pool cgroup is available.
+
+* ``pss_bytes`` / ``rss_bytes``: one read of /proc/<pid>/smaps_rollup or statm per process.
+* ``tree_usage``: disk use of a directory tree (allocated blocks), bounded by an entry count.
+* ``sweep_owned``: removes what given uids left in shared directories (/tmp, /var/tmp,
+  /dev/shm) once their processes are dead.
+* ``sysv_ipc_owned`` / ``remove_sysv_ipc``: SysV shared memory, semaphores and message
+  queues created or owned by given uids, which outlive their processes.
+
+Everything walks directories through fds (openat with O_NOFOLLOW, unlinkat), never follows a
+symlink, never crosses into another filesystem and never recurses in Python. Standard
+library only (the host must stay JAX- and numpy-free).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Container, Iterator, Sequence
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_GONE = (errno.ENOENT, errno.ESRCH)
+# Directories kept open at once while walking; deeper levels are reopened through "..".
+_MAX_OPEN_DIRS = 64
+IPC_RMID = 0
+SYSV_KINDS = ("shm", "sem", "msg")
+
+
+def _read_proc(pid: int, name: str, proc_fd: int | None) -> bytes | None:
+    """The whole of /proc/<pid>/<name> (relative to ``proc_fd`` when given); None when the process is gone."""
+    rel = f"{int(pid)}/{name}"
+    try:
+        if proc_fd is None:
+            fd = os.open("/proc/" + rel, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd)
+    except OSError as err:
+        if err.errno in _GONE:
+            return None
+        raise
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 16384)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as err:
+        if err.errno in _GONE:
+            return None
+        raise
+    finally:
+        os.close(fd)
+
+
+def pss_bytes(pid: int, proc_fd: int | None = None) -> int | None:
+    """Proportional set size of ``pid`` in bytes; None when the process is gone (or a zombie).
+
+    Reads /proc/<pid>/smaps_rollup (Linux 4.14+; /proc/<pid>/smaps summed otherwise) under
+    ``proc_fd``, an O_DIRECTORY fd of a procfs root, when given (a pivoted supervisor keeps
+    one; ``pid`` must be in that procfs's PID namespace), else /proc. Shared pages count
+    divided by their number of sharers, so a worker forked from a preloaded host costs its
+    share of the host's pages plus what it wrote. Raises OSError (e.g. PermissionError) when
+    the process exists but cannot be read.
+    """
+    raw = _read_proc(pid, "smaps_rollup", proc_fd)
+    if raw is None:
+        raw = _read_proc(pid, "smaps", proc_fd)
+        if raw is None:
+            return None
+    total, seen = 0, False
+    for line in raw.split(b"\n"):
+        if line.startswith(b"Pss:"):
+            total += int(line.split()[1]) * 1024
+            seen = True
+    return total if seen else None
+
+
+def rss_bytes(pid: int, proc_fd: int | None = None) -> int | None:
+    """Resident set size of ``pid`` in bytes from /proc/<pid>/statm (cheaper than PSS, counts
+    shared pages in full); None when the process is gone. ``proc_fd`` as for ``pss_bytes``."""
+    raw = _read_proc(pid, "statm", proc_fd)
+    if not raw:
+        return None
+    fields = raw.split()
+    return int(fields[1]) * _PAGE if len(fields) > 1 else None
+
+
+class _Frame:
+    __slots__ = ("fd", "dev", "ino", "names", "path", "name", "uid")
+
+    def __init__(self, fd, st, names, path, name):
+        self.fd, self.dev, self.ino, self.uid = fd, st.st_dev, st.st_ino, st.st_uid
+        self.names, self.path, self.name = names, path, name
+
+
+def _listdir(fd: int) -> list[str]:
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+
+
+def _walk(root: str) -> Iterator[tuple[str, int, str, os.stat_result, str]]:
+    """Iterative walk of ``root``'s filesystem below it: yields (event, parent_fd, name, lstat, path).
+
+    event "entry" comes for every entry (directories before their contents), "leave" for a
+    directory once its contents are done (post-order); the parent fd is open while the
+    consumer runs, so it may unlinkat/rmdir the entry through it. Symlinks are never
+    followed (the root itself excepted), other filesystems are skipped entirely, entries that
+    vanish are skipped, a directory replaced between lstat and open is skipped. At most
+    _MAX_OPEN_DIRS directory fds are open: deeper trees are walked back up through ".." with
+    a device/inode check (a directory moved meanwhile ends the walk of that root).
+    Raises OSError when ``root`` cannot be opened.
+    """
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(root_fd)
+    root_dev = st.st_dev
+    stack = [_Frame(root_fd, st, _listdir(root_fd), root.rstrip("/") or "/", "")]
+    low = 0       # stack[:low] have their fds closed
+    try:
+        while stack:
+            top = stack[-1]
+            if top.names:
+                name = top.names.pop()
+                try:
+                    est = os.stat(name, dir_fd=top.fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if est.st_dev != root_dev:
+                    continue
+                path = f"{top.path.rstrip('/')}/{name}"
+                yield "entry", top.fd, name, est, path
+                if not stat.S_ISDIR(est.st_mode):
+                    continue
+                try:
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=top.fd)
+                except OSError:
+                    continue
+                fst = os.fstat(fd)
+                if (fst.st_dev, fst.st_ino) != (est.st_dev, est.st_ino):
+                    os.close(fd)
+                    continue
+                stack.append(_Frame(fd, fst, _listdir(fd), path, name))
+                if len(stack) - low > _MAX_OPEN_DIRS:
+                    os.close(stack[low].fd)
+                    stack[low].fd = -1
+                    low += 1
+                continue
+            stack.pop()
+            if not stack:
+                os.close(top.fd)
+                break
+            parent = stack[-1]
+            if parent.fd < 0:
+                try:
+                    pfd = os.open("..", _DIR_FLAGS, dir_fd=top.fd)
+                except OSError:
+                    pfd = -1
+                if pfd >= 0:
+                    pst = os.fstat(pfd)
+                    if (pst.st_dev, pst.st_ino) != (parent.dev, parent.ino):
+                        os.close(pfd)
+                        pfd = -1
+                if pfd < 0:
+                    os.close(top.fd)
+                    return        # moved under us: stop rather than guess where we are
+                parent.fd = pfd
+                low = len(stack) - 1
+            os.close(top.fd)
+            top.fd = -1
+            yield "leave", parent.fd, top.name, _FrameStat(top), top.path
+    finally:
+        for frame in stack:
+            if frame.fd >= 0:
+                os.close(frame.fd)
+
+
+class _FrameStat:
+    """The bits of a directory's lstat a "leave" event carries."""
+
+    __slots__ = ("st_dev", "st_ino", "st_uid", "st_mode")
+
+    def __init__(self, frame: _Frame):
+        self.st_dev, self.st_ino, self.st_uid, self.st_mode = frame.dev, frame.ino, frame.uid, stat.S_IFDIR
+
+
+def tree_usage(path: str, max_entries: int) -> tuple[int, int, bool]:
+    """(bytes, entries, truncated) below directory ``path``.
+
+    bytes counts allocated blocks (st_blocks * 512, so sparse files count what they use;
+    each hard-linked inode once); entries counts files, directories, symlinks and the rest
+    below ``path`` (not ``path`` itself). Never follows symlinks, never enters other
+    filesystems. Stops at ``max_entries``: truncated is True when the tree holds more.
+    Raises OSError when ``path`` cannot be opened as a directory.
+    """
+    used, entries, truncated = 0, 0, False
+    linked: set[tuple[int, int]] = set()
+    walk = _walk(path)
+    try:
+        for event, _, _, st, _ in walk:
+            if event != "entry":
+                continue
+            if entries >= max_entries:
+                truncated = True
+                break
+            entries += 1
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in linked:
+                    continue
+                linked.add(key)
+            used += st.st_blocks * 512
+    finally:
+        walk.close()
+    return used, entries, truncated
+
+
+def sweep_owned(directories: Sequence[str], uids: Container[int]) -> list[str]:
+    """Removes every entry owned by one of ``uids`` anywhere below each of ``directories``.
+
+    Files, symlinks (the link, never its target), sockets, fifos and devices owned by those
+    uids are unlinked; directories they own are removed once emptied (one that still holds
+    someone else's entries stays). Directories of other owners are searched too. Works
+    through directory fds (unlinkat/rmdir with dir_fd), never follows a symlink, never
+    crosses into another filesystem, skips what vanishes or cannot be removed, and never
+    removes the given directories themselves. Returns the removed paths. Call it once the
+    uids' processes are dead, or it races with them. A directory that cannot be opened
+    is skipped.
+    """
+    removed: list[str] = []
+    for top in directories:
+        walk = _walk(top)
+        try:
+            for event, parent_fd, name, st, path in walk:
+                if st.st_uid not in uids:
+                    continue
+                try:
+                    if event == "leave":
+                        os.rmdir(name, dir_fd=parent_fd)
+                    elif not stat.S_ISDIR(st.st_mode):
+                        os.unlink(name, dir_fd=parent_fd)
+                    else:
+                        continue
+                except OSError:
+                    continue
+                removed.append(path)
+        except OSError:
+            pass          # the directory itself cannot be opened
+        finally:
+            walk.close()
+    return removed
+
+
+# ------------------------------------------------------------------ SysV IPC
+def sysv_ipc_owned(uids: Container[int], proc_fd: int | None = None) -> list[tuple[str, int]]:
+    """(kind, id) of the SysV objects ("shm", "sem", "msg") owned or created by one of ``uids``.
+
+    Read from /proc/sysvipc/{shm,sem,msg} (under ``proc_fd`` when given), which lists the
+    objects of the *reader's* IPC namespace. The creator uid counts as well as the owner: a
+    process may hand ownership of its segment to someone else with IPC_SET, not its creation.
+    """
+    found: list[tuple[str, int]] = []
+    for kind in SYSV_KINDS:
+        rel = f"sysvipc/{kind}"
+        try:
+            if proc_fd is None:
+                with open("/proc/" + rel, "rb") as f:
+                    raw = f.read()
+            else:
+                fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd)
+                with os.fdopen(fd, "rb") as f:
+                    raw = f.read()
+        except FileNotFoundError:
+            continue
+        lines = raw.decode(errors="replace").splitlines()
+        if not lines:
+            continue
+        header = lines[0].split()
+        try:
+            id_col = header.index({"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind])
+            uid_col, cuid_col = header.index("uid"), header.index("cuid")
+        except ValueError:
+            continue
+        for line in lines[1:]:
+            fields = line.split()
+            if len(fields) <= max(id_col, uid_col, cuid_col):
+                continue
+            if int(fields[uid_col]) in uids or int(fields[cuid_col]) in uids:
+                found.append((kind, int(fields[id_col])))
+    return found
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _rmid(kind: str, ident: int) -> int:
+    if kind == "shm":
+        return _libc.shmctl(ctypes.c_int(ident), ctypes.c_int(IPC_RMID), ctypes.c_void_p(None))
+    if kind == "sem":
+        return _libc.semctl(ctypes.c_int(ident), ctypes.c_int(0), ctypes.c_int(IPC_RMID))
+    if kind == "msg":
+        return _libc.msgctl(ctypes.c_int(ident), ctypes.c_int(IPC_RMID), ctypes.c_void_p(None))
+    raise ValueError(f"unknown SysV IPC kind {kind!r}")
+
+
+def remove_sysv_ipc(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    """IPC_RMID on each (kind, id); returns those removed. Objects already gone are skipped;
+    after trying them all, the first other failure (e.g. EPERM) is raised as OSError.
+
+    A shared memory segment still attached somewhere is only marked for destruction (it
+    goes when the last process detaches), so kill the processes first.
+    """
+    removed: list[tuple[str, int]] = []
+    first_error: OSError | None = None
+    for kind, ident in objects:
+        if _rmid(kind, ident) == 0:
+            removed.append((kind, ident))
+            continue
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.EIDRM):
+            continue
+        if first_error is None:
+            first_error = OSError(err, f"IPC_RMID {kind} {ident}: {os.strerror(err)}")
+    if first_error is not None:
+        raise first_error
+    return removed
