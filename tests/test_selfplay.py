@@ -226,3 +226,91 @@ def test_review_parses_yes_no_from_a_real_sampler(small_tokenizer):
     policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
     out = review(policy, ["class AEnv: pass"] * 2, [[{"role": "user", "content": "hi"}]] * 2, max_new_tokens=4)
     assert len(out) == 2 and all(isinstance(k, bool) and isinstance(r, str) for k, r in out)
+
+
+# Designed programs that reach `os` past the text-only import policy (a function's globals hold
+# the real builtins) and then attack at run time.
+_REACH_OS = 'from spade_jax.envs import extract_boxed\n_os = getattr(extract_boxed, "__glo" + "bals__")["__buil" + "tins__"]["__imp" + "ort__"]("os")\n'
+KILLS_ITS_WORKER = _REACH_OS + '''
+
+class CrashEnv:
+    def __init__(self, max_turns=2, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Answer in \\\\boxed{}.", {}
+
+    def step(self, action):
+        _os.kill(_os.getpid(), 9)  # ignored by the kernel when the worker is init of its PID namespace
+        _os._exit(9)
+
+    def solution(self):
+        return "\\\\boxed{1}"
+'''
+ATTACKS_THE_HOST = _REACH_OS + '''
+
+class FrameEnv:
+    def __init__(self, max_turns=2, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Answer in \\\\boxed{}.", {}
+
+    def step(self, action):
+        for payload in (b'{"ok":true,"value":' + b"[" * 300000 + b"]" * 300000 + b"}",
+                        b'{"ok":true,"value":{"__tuple__":["x",' + b"9" * 4000 + b',true,false,{}]}}'):
+            _os.write(3, len(payload).to_bytes(4, "big") + payload)
+        return "never", 1.0, True, False, {}
+
+    def solution(self):
+        return "\\\\boxed{1}"
+'''
+
+
+@pytest.mark.parametrize("admitted", [False, True], ids=["through-admission", "played-by-the-agent"])
+def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_path, small_tokenizer, monkeypatch,
+                                                                          admitted):
+    """One designer batch holds a program that kills its own worker and one that writes hostile
+    frames to the host: admission rejects both (or, forced through, the agent's episodes of
+    them fail), the sandbox host is never lost, and the iteration trains and checkpoints."""
+    from spade_jax.designer.prompts import designer_answer
+
+    c = tiny_selfplay_config()
+    programs = [KILLS_ITS_WORKER, ATTACKS_THE_HOST]
+    real_propose = loop.propose
+
+    def hostile_propose(*args, **kwargs):
+        samples = real_propose(*args, **kwargs)
+        return [dataclasses.replace(s, text=designer_answer(p)) for s, p in zip(samples, programs)]
+
+    monkeypatch.setattr(loop, "propose", hostile_propose)
+    if admitted:
+        c.agent.replay_envs = 0
+        from spade_jax.sandbox.admission import AdmissionReport
+
+        def admit_as_written(samples, pool, memory, admission, **unused):
+            return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=p))
+                    for s, p in zip(samples, programs)]
+
+        monkeypatch.setattr(loop, "admit_samples", admit_as_written)
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        (metrics,) = run.run()
+        assert run.pool.local.host_restarts == 0
+    finally:
+        run.close()
+    assert metrics["designer/proposed"] == 2
+    if admitted:
+        assert metrics["agent/episodes"] == 8  # 2 programs x (2 plain + 2 hinted), every one failed
+        errors = [r for r in run_log(tmp_path) if r.get("slot") is not None]
+        assert len(errors) == 2
+    else:
+        assert metrics["designer/admitted"] == 0
+        lines = [r for r in run_log(tmp_path) if r.get("slot") is not None]
+        reasons = [r["reason"] for r in lines]
+        assert any("killed by SIGKILL" in r or "exited with code 9" in r for r in reasons), reasons
+        assert any("protocol error" in r for r in reasons), reasons
+    assert metrics["train/tokens"] > 0
+    assert (tmp_path / "checkpoints" / "1").exists()

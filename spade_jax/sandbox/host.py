@@ -71,7 +71,7 @@ _UID_SPAN = 1 << 16
 _EXIT_GRACE_S = 0.05
 _REAP_TIMEOUT_S = 10.0
 _SPAWN_TIMEOUT_S = 30.0
-_BUDGET_CHECK_S = 0.1
+_BUDGET_CHECK_S = 0.05
 _MAX_TURN_LIMIT = 1000
 _DEFAULT_TURN_LIMIT = 100
 _SCRATCH_INODES = 4096
@@ -224,6 +224,7 @@ class Host:
         self.spawned: dict[int, dict] = {}
         self.oom_kills_seen = base.cgroup.oom_kills() if base.cgroup else 0
         self.next_budget_check = 0.0
+        self.zygote_rss = (usage.rss_bytes(base.zygote_pid, base.proc_fd) or 0) if base.proc_fd is not None else 0
         self.report = self._make_report()
         self.jail = self._make_jail()
 
@@ -273,7 +274,8 @@ class Host:
         if base.cgroup is not None:
             memory_by = processes_by = base.cgroup.describe()
         else:
-            memory_by = "host supervisor (sum of worker PSS)" if base.proc_fd is not None else "not enforced"
+            memory_by = ("host supervisor (sum of the workers' PSS, or resident growth when not root)"
+                         if base.proc_fd is not None else "not enforced")
             processes_by = ("per-episode RLIMIT_NPROC" if process_limit else "not enforced") + \
                 f" x max_live_episodes={cfg.max_live_episodes}"
         method = ("user-namespaces" if plan.user_namespace else "namespaces") if plan.namespaces else "rlimits"
@@ -282,7 +284,8 @@ class Host:
             rlimits={"cpu_s": cfg.cpu_seconds, "address_space_mb": self.rlimits[resource.RLIMIT_AS][0] >> 20,
                      "file_size_mb": cfg.disk_mb, "open_files": cfg.open_files, "processes": cfg.max_processes},
             budget={"memory_mb": cfg.pool_memory_mb, "memory_by": memory_by, "processes": cfg.pool_processes,
-                    "processes_by": processes_by, "episode_time_s": cfg.episode_time_s},
+                    "processes_by": processes_by, "episode_time_s": cfg.episode_time_s,
+                    "cgroup_paths": list(base.cgroup.paths) if base.cgroup is not None else []},
             notes=tuple(notes))
 
     def _make_jail(self) -> dict:
@@ -629,15 +632,30 @@ class Host:
         if self.base.cgroup is not None or self.base.proc_fd is None:
             return
         for ep in busy:
-            ep.memory = usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
-        total = self._pool_memory()
-        budget = self.cfg.pool_memory_mb << 20
+            ep.memory = self._memory_of(ep)
         busy = [ep for ep in busy if ep.pid]
-        if total > budget and busy:
+        if busy:
             victim = max(busy, key=lambda ep: ep.memory)
-            self._fail(victim, f"memory budget exceeded: the sandbox's episodes together used {total >> 20} MB, "
-                               f"more than pool_memory_mb={self.cfg.pool_memory_mb} (this episode held "
-                               f"{victim.memory >> 20} MB)")
+            over = self._over_budget(victim)
+            if over:
+                self._fail(victim, over)
+
+    def _over_budget(self, ep: _Episode) -> str | None:
+        """Why ``ep`` (the largest busy worker, or one that just answered) must go, or None."""
+        total = self._pool_memory()
+        if total <= self.cfg.pool_memory_mb << 20:
+            return None
+        return (f"memory budget exceeded: the sandbox's episodes together used {total >> 20} MB, more than "
+                f"pool_memory_mb={self.cfg.pool_memory_mb} (this episode held {ep.memory >> 20} MB)")
+
+    def _memory_of(self, ep: _Episode) -> int:
+        """A worker's share of memory: its PSS where the host may read it (root), else what its
+        resident set grew beyond the zygote's (workers are undumpable, which hides their
+        smaps from an unprivileged host, not their statm)."""
+        try:
+            return usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
+        except PermissionError:
+            return max(0, (usage.rss_bytes(ep.pid, self.base.proc_fd) or 0) - self.zygote_rss)
 
     def _pool_memory(self) -> int:
         if self.base.cgroup is not None:
@@ -738,7 +756,11 @@ class Host:
                 self._fail(ep, scratch)
                 return
             if self.base.cgroup is None and self.base.proc_fd is not None:
-                ep.memory = usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
+                ep.memory = self._memory_of(ep)
+                over = self._over_budget(ep)
+                if over:
+                    self._fail(ep, over)
+                    return
             self._stop(ep)
             ep.state, ep.call = "idle", None
             self._finish(call, result)

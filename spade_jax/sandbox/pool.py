@@ -309,6 +309,25 @@ class SandboxPool:
         except subprocess.TimeoutExpired:
             pass
         self._finalizer()
+        if getattr(self, "isolation", None) is not None:
+            _remove_cgroups(self.isolation.budget.get("cgroup_paths", ()))
+
+
+def _remove_cgroups(paths: Sequence[str], timeout_s: float = 2.0) -> None:
+    """Removes the pool cgroup a host left behind (its outer guard removes it unless it was
+    killed); its last processes may take a moment to leave."""
+    deadline = time.monotonic() + timeout_s
+    for path in paths:
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
 
 
 def _ids(episode_ids: Sequence[int]) -> list[int]:

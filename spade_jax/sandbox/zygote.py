@@ -163,6 +163,8 @@ class Zygote:
             os.environ.clear()
             os.environ.update({"HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", "PATH": ""})
             sys.path[:] = jail["sys_path"]
+            sys.argv[:] = ["env"]
+            sys.orig_argv[:] = ["env"]
             _reseed_numpy()
             worker.install_virtual_clock()
             worker.serve(jail["restrict_imports"], jail["max_message_bytes"])
