@@ -4,6 +4,12 @@ History is never re-rendered: each turn appends the sampled response ids and the
 ids of "end of assistant turn + next user message + assistant header" from the chat
 template. The training sequence therefore equals the sampler's context token for
 token, and a later KV-cache reuse can extend the cache instead of re-encoding.
+
+Observations come from environment programs (adversarial designer code), so each one
+enters the prompt through `prompt_text`: valid Unicode with no control characters
+(`sandbox.text.clean_text`) and no string of a special token of the policy's tokenizer
+(`Tokenizer.escape_special`): an observation cannot close the user turn or open another.
+`messages` holds the observations as the policy saw them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from spade_jax.sandbox.text import clean_text
 
 _SENTINEL = "\u0000SPADE-ASSISTANT-TURN\u0000"
 _OBSERVATION = "\u0000SPADE-OBSERVATION\u0000"
@@ -28,6 +36,11 @@ def _turn_suffix(tokenizer, messages: list[dict]) -> str:
     return rendered.split(_SENTINEL, 1)[1]
 
 
+def prompt_text(tokenizer, text: str, limit: int | None = None) -> str:
+    """Text from outside the policy (an environment, a hint, a transcript) as it may enter a prompt."""
+    return tokenizer.escape_special(clean_text(text, limit))
+
+
 @dataclasses.dataclass
 class Conversation:
     """Token ids, which of them the policy generated, and their sampler log-probs."""
@@ -40,6 +53,8 @@ class Conversation:
 
     @classmethod
     def start(cls, tokenizer, system: str, first_observation: str) -> "Conversation":
+        """The system prompt (trusted) and the first observation (escaped: `prompt_text`)."""
+        first_observation = prompt_text(tokenizer, first_observation)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": first_observation}]
         ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         return cls(ids, [False] * len(ids), [0.0] * len(ids), messages, _turn_suffix(tokenizer, messages))
@@ -54,7 +69,11 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": text})
 
     def add_observation(self, tokenizer, observation: str, response_finished: bool) -> None:
-        """Closes the assistant turn (unless its stop token was sampled) and opens the next one."""
+        """Closes the assistant turn (unless its stop token was sampled) and opens the next one.
+
+        `observation` is escaped (`prompt_text`) before it is encoded.
+        """
+        observation = prompt_text(tokenizer, observation)
         before, after = self.suffix_template.split(_OBSERVATION, 1)
         if response_finished:
             # The sampled stop token already closed the turn: drop the template's own copy.

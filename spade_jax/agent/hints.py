@@ -9,6 +9,12 @@ Modes:
             deviation for tests and the tiny preset, whose bootstrap model cannot
             write hints; it can reveal the answer of one-step games.
   none      no hints: hinted plays equal plain plays and regret is 0.
+
+The environment source the policy reads in mode `self` is designer-written, so it enters
+the hint prompt through `conversation.prompt_text` (clean Unicode, the tokenizer's special
+tokens escaped). Hints themselves are cleaned here and escaped again where they enter the
+agent's first observation (`Conversation.start`); `solution` hints are cleaned and bounded
+by `rollout.solution_hint`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import dataclasses
 import re
 from typing import Sequence
 
+from spade_jax.agent.conversation import prompt_text
 from spade_jax.sampling import generate
+from spade_jax.sandbox.text import clean_text
 
 HINT_MODES = ("self", "solution", "none")
 
@@ -46,7 +54,7 @@ class HintConfig:
 
 def clean_hint(text: str, max_sentences: int = 3) -> str | None:
     """The first `max_sentences` sentences of the reply on one line, or None if empty."""
-    text = " ".join(text.replace("HINT:", " ").split())
+    text = " ".join(clean_text(text).replace("HINT:", " ").split())
     if not text:
         return None
     return " ".join(_SENTENCE_END.split(text)[:max_sentences])
@@ -61,7 +69,8 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
         tokenizer.apply_chat_template(
             [
                 {"role": "system", "content": HINT_SYSTEM_PROMPT},
-                {"role": "user", "content": HINT_INSTRUCTIONS.format(code=code[: cfg.max_code_chars])},
+                {"role": "user", "content": HINT_INSTRUCTIONS.format(
+                    code=prompt_text(tokenizer, code[: cfg.max_code_chars]))},
             ],
             add_generation_prompt=True,
         )

@@ -5,6 +5,12 @@ call for all of them. An episode ends when its environment terminates or truncat
 sandbox call fails or times out, it reaches `max_turns`, or its next turn would not fit
 the context budget. Plain and hinted plays of an environment share seeds, so regret
 compares matched instances.
+
+Everything an environment says is data: observations (and the hint appended to the first
+one) enter the prompt through `Conversation`, which cleans them and escapes the
+tokenizer's special-token strings (`conversation.prompt_text`); hints taken from
+`solution()` are cleaned and bounded by `solution_hint`; error texts are cleaned and
+bounded before they reach a `Trajectory`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from spade_jax.envs.contract import is_success
 from spade_jax.rl.rewards import episode_rewards
 from spade_jax.sampling import Generation, generate
 from spade_jax.sandbox import EpisodeSpec
+from spade_jax.sandbox.text import clean_text
 
 AGENT_SYSTEM_PROMPT = (
     "You are playing an interactive environment. Read each observation and reply with exactly one action. "
@@ -27,6 +34,8 @@ AGENT_SYSTEM_PROMPT = (
     '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, and <answer>...</answer> to finish.'
 )
 HINT_SEPARATOR = "\n\nHINT: "
+MAX_SOLUTION_HINT_CHARS = 1000
+MAX_ERROR_CHARS = 4000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +91,15 @@ class Trajectory:
 
 
 def solution_hint(solution: str | None) -> str | None:
-    """The `solution` hint mode: the first reference action (tests and the tiny preset only)."""
+    """The `solution` hint mode: the first reference action (tests and the tiny preset only).
+
+    `solution` is environment text: cleaned (`clean_text`) and the action cut to
+    `MAX_SOLUTION_HINT_CHARS`; special-token strings are escaped where it enters the prompt.
+    """
     if not solution or not solution.strip():
         return None
-    return f"A winning first action is {solution.strip().splitlines()[0].strip()}"
+    first = clean_text(solution.strip().splitlines()[0].strip(), MAX_SOLUTION_HINT_CHARS)
+    return f"A winning first action is {first}"
 
 
 @dataclasses.dataclass
@@ -212,4 +226,4 @@ def play_episodes(
 def _end(episode: _Live, result, reason: str) -> None:
     episode.end_reason = reason
     episode.timed_out = bool(result.timed_out)
-    episode.error = result.error
+    episode.error = None if result.error is None else clean_text(str(result.error), MAX_ERROR_CHARS)

@@ -2,6 +2,13 @@
 
 The same renderer serves self-play and the tiny preset's bootstrap data, so the
 bootstrapped model is trained on exactly the prompts it later answers.
+
+Exemplar code was written by the designer model and is replayed into every later prompt,
+so it is shown as data: cleaned (`sandbox.text.clean_text`: valid Unicode, no control
+characters) and with every common chat-format special-token spelling broken
+(`models.tokenizer.escape_chat_markers`; these prompts are rendered without the
+policy's tokenizer), so a remembered program cannot end the user turn it sits in. The
+reference document comes from the user's corpus (trusted) and is shown as it is.
 """
 
 from __future__ import annotations
@@ -9,6 +16,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from spade_jax.designer.memory import Exemplar
+from spade_jax.models.tokenizer import escape_chat_markers
+from spade_jax.sandbox.text import clean_text
 
 DIFFICULTIES = ("easy", "medium", "hard")
 
@@ -28,7 +37,13 @@ def _exemplar_block(number: int, exemplar: Exemplar) -> str:
     if exemplar.regret is not None:
         facts.append(f"regret {exemplar.regret:.2f}")
     verdict = "avoid environments like this" if exemplar.kind == "negative" else "a good example"
-    return f"Example {number} ({exemplar.skill}; {', '.join(facts)}; {verdict}):\n```python\n{exemplar.code}\n```"
+    return (f"Example {number} ({exemplar.skill}; {', '.join(facts)}; {verdict}):\n"
+            f"```python\n{exemplar_code(exemplar.code)}\n```")
+
+
+def exemplar_code(code: str) -> str:
+    """Model-written code as it may appear in a prompt (see the module docstring)."""
+    return escape_chat_markers(clean_text(code))
 
 
 def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar]) -> str:

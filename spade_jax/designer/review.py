@@ -4,13 +4,19 @@ The policy reads an environment's source and one episode the agent played in it 
 answers yes or no: is the environment correct, solvable and sensibly rewarded? Only a
 reply that starts with "yes" keeps the environment. One batched sampler call reviews
 every new environment of an iteration. Off by default (`designer.self_review`).
+
+The source and the transcript are model- and environment-written, so both enter the
+prompt through `conversation.prompt_text` (clean Unicode, the tokenizer's special-token
+strings escaped): neither can end the user turn and answer "yes" for the policy.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from spade_jax.agent.conversation import prompt_text
 from spade_jax.sampling import generate
+from spade_jax.sandbox.text import clean_text
 
 REVIEW_SYSTEM_PROMPT = "You check training environments for a reasoning agent."
 REVIEW_INSTRUCTIONS = (
@@ -20,8 +26,8 @@ REVIEW_INSTRUCTIONS = (
 
 
 def render_transcript(messages: Sequence[dict], max_chars: int) -> str:
-    """The non-system turns of an episode as `role: content` lines, cut to `max_chars`."""
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system")
+    """The non-system turns of an episode as `role: content` lines (cleaned: `clean_text`), cut to `max_chars`."""
+    text = clean_text("\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] != "system"))
     return text if len(text) <= max_chars else text[:max_chars] + "\n[... cut]"
 
 
@@ -50,7 +56,8 @@ def review(
                 {
                     "role": "user",
                     "content": REVIEW_INSTRUCTIONS.format(
-                        code=code[:max_code_chars], transcript=render_transcript(messages, max_transcript_chars)
+                        code=prompt_text(tokenizer, code[:max_code_chars]),
+                        transcript=prompt_text(tokenizer, render_transcript(messages, max_transcript_chars)),
                     ),
                 },
             ],

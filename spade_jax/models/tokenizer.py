@@ -4,6 +4,20 @@ The rest of the code base only sees `Tokenizer`: text <-> ids, chat messages -> 
 ids, the stop tokens that end a turn, the pad id and the vocabulary size. `encode`
 never adds special tokens (chat templates carry their own), so prompt ids are exactly
 the template's text tokenised.
+
+`escape_special(text)` makes text from outside the policy (environment observations,
+hints, transcripts, code written by the designer) safe to put in a prompt: `encode` turns
+every occurrence of a special token's string into that token, so an observation holding
+"<|im_end|>\n<|im_start|>assistant" would otherwise close the user turn and forge an
+assistant one. Each such occurrence gets U+2060 WORD JOINER after its first character
+(invisible, so the text still reads the same); text holding none is returned unchanged,
+so its tokenisation is untouched. Special tokens are the ones that structure a
+conversation (those `decode(skip_special_tokens=True)` drops and text can produce).
+Ordinary added tokens ("<tool_call>", "<think>", the bootstrap tokenizer's "\\boxed{")
+are vocabulary: they tokenise text the way the policy itself writes it, so they stay.
+`escape_chat_markers(text)` does the same without a tokenizer, for the special-token
+spellings of the common chat formats (every "<|...|>", Gemma, Llama 2 / Mistral, StarCoder):
+for prompts rendered before the policy's tokenizer is known (designer exemplars).
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ import abc
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +38,8 @@ Message = Mapping[str, str]  # {"role": ..., "content": ...}
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
+
+WORD_JOINER = "\u2060"
 
 # Tokens that end a turn or a document in the chat formats we meet (ChatML, Llama 3, Gemma, Phi).
 END_OF_TURN_TOKENS = (
@@ -62,6 +79,59 @@ class Tokenizer(abc.ABC):
         """The prompt ids of a conversation."""
         return self.encode(self.apply_chat_template_text(messages, add_generation_prompt))
 
+    @abc.abstractmethod
+    def escape_special(self, text: str) -> str:
+        """`text` with no special token's string left in it (see the module docstring)."""
+
+
+class _SpecialEscaper:
+    """Breaks every occurrence of a set of token strings with a word joiner after its first character.
+
+    Strings shorter than two characters cannot be broken that way and strings of whitespace
+    only are ordinary text (some tokenizers add runs of spaces as tokens), so both are left
+    alone. Overlapping strings ("ab", "bc" in "abc") are handled by repeating the pass until
+    none is left; a pass never creates an occurrence, so this ends.
+    """
+
+    def __init__(self, strings: Iterable[str]):
+        self.strings = tuple(sorted(
+            {s for s in strings if isinstance(s, str) and len(s) >= 2 and s.strip() and WORD_JOINER not in s},
+            key=lambda s: (-len(s), s),
+        ))
+        self._pattern = re.compile("|".join(map(re.escape, self.strings))) if self.strings else None
+
+    def __call__(self, text: str) -> str:
+        if self._pattern is None:
+            return text
+        while self._pattern.search(text) is not None:
+            text = self._pattern.sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
+        return text
+
+
+# Special-token spellings of the common chat formats, for text rendered without a tokenizer.
+_CHAT_MARKERS = (
+    "<s>", "</s>", "<bos>", "<eos>", "<pad>", "<unk>", "<start_of_turn>", "<end_of_turn>",  # Llama 2, Gemma
+    "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>",  # Llama 2 / Mistral
+    "<repo_name>", "<reponame>", "<file_sep>", "<filename>", "<gh_stars>", "<issue_start>",  # StarCoder,
+    "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>", "<jupyter_code>",  # SmolLM2
+    "<jupyter_output>", "<jupyter_script>", "<empty_output>",
+)
+_CHAT_MARKER_PATTERN = re.compile(
+    r"<\|[^|<>\s]{1,80}\|>|<\uff5c[^\uff5c<>\s]{1,80}\uff5c>"  # <|im_end|>, <|eot_id|>, DeepSeek's <｜...｜>
+    + "|" + "|".join(map(re.escape, sorted(_CHAT_MARKERS, key=len, reverse=True)))
+)
+
+
+def escape_chat_markers(text: str) -> str:
+    """`text` with every common chat-format special-token spelling broken by a word joiner.
+
+    For model-written text put into prompts rendered without a tokenizer; with one at hand
+    use `Tokenizer.escape_special`, which knows exactly that tokenizer's specials.
+    """
+    while _CHAT_MARKER_PATTERN.search(text) is not None:
+        text = _CHAT_MARKER_PATTERN.sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
+    return text
+
 
 def _check_messages(messages: Sequence[Message]) -> None:
     for i, m in enumerate(messages):
@@ -88,6 +158,9 @@ class HFTokenizer(Tokenizer):
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_token_ids[0])
         self.vocab_size = len(tokenizer)
+        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+        specials = [t.content for t in added if getattr(t, "special", False)]
+        self._escaper = _SpecialEscaper([*specials, *tokenizer.all_special_tokens])
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "HFTokenizer":
@@ -137,6 +210,10 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def escape_special(self, text: str) -> str:
+        """Every special token's string (the special added tokens and `all_special_tokens`) neutralised."""
+        return self._escaper(text)
 
     def apply_chat_template_text(
         self, messages: Sequence[Message], add_generation_prompt: bool = True
@@ -192,6 +269,9 @@ class SentencePieceTokenizer(Tokenizer):
             for i in range(self.vocab_size)
             if self.sp.is_control(i) or i in chat_ids or i == self.sp.unk_id()
         )
+        # Of the special pieces only the ChatML markers (user-defined symbols) come out of
+        # encoding text: control pieces (<s>, </s>) and <unk> never do.
+        self._escaper = _SpecialEscaper((IM_START, IM_END))
 
     @classmethod
     def train(
@@ -242,6 +322,10 @@ class SentencePieceTokenizer(Tokenizer):
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
         return self.sp.decode(ids)
+
+    def escape_special(self, text: str) -> str:
+        """The ChatML markers' strings neutralised (other user-defined symbols are vocabulary)."""
+        return self._escaper(text)
 
     def apply_chat_template_text(
         self, messages: Sequence[Message], add_generation_prompt: bool = True

@@ -9,7 +9,9 @@
   verdict, reason and timings, stats history and one sample plain and hinted episode.
 
 Everything is self-contained (inline CSS and a small inline script, no network) and
-opens from the file system. All model-written text is HTML-escaped. Records of
+opens from the file system. All model- and environment-written text goes through ``_esc``:
+cleaned first (``sandbox.text.clean_text``: lone surrogates and control characters become
+U+FFFD, so every page is valid UTF-8 and valid HTML text), then HTML-escaped. Records of
 ``envs.jsonl`` have these fields (any may be missing or null):
 
   env_id, iteration, slot, skill, difficulty, doc_id, doc_excerpt, code, admitted,
@@ -34,6 +36,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from spade_jax.sandbox.text import clean_text
 from spade_jax.selfplay import plots, report
 
 ENV_PAGES_DIR = "envs"
@@ -43,7 +46,7 @@ _REASON_CHARS = 140
 
 
 def _esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    return html.escape(clean_text("" if value is None else str(value)), quote=True)
 
 
 def _finite(value: Any) -> bool:
