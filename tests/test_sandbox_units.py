@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 
 from spade_jax.envs import library
-from spade_jax.sandbox import seccomp
+from spade_jax.sandbox import seccomp, validate, worker
 from spade_jax.sandbox.policy import PolicyError, check_program, extract_code, import_refusal
-from spade_jax.sandbox.protocol import FrameBuffer, ProtocolError, decode_payload, encode_frame, raw_value
-from spade_jax.sandbox.records import EpisodeSpec, IsolationReport, SandboxConfig
+from spade_jax.sandbox.protocol import (OPAQUE_KEY, TUPLE_KEY, FrameBuffer, ProtocolError, decode_payload,
+                                        encode_frame, raw_value)
+from spade_jax.sandbox.records import PROTECTIONS, EpisodeSpec, IsolationReport, SandboxConfig
 from spade_jax.sandbox.similarity import code_similarity, fingerprint, most_similar, normalized_tokens
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_info, check_reset, check_solution,
                                         check_step, clip_reward, unwrap)
@@ -201,6 +203,81 @@ def test_configs_and_specs_validate_their_fields():
     with pytest.raises(ValueError, match="seed must be an int"):
         EpisodeSpec("x", seed="0")
     assert SandboxConfig.from_dict(SandboxConfig(num_workers=3).to_dict()).num_workers == 3
-    report = IsolationReport("namespaces", "none", "private-root", True, True, True, {"cpu_s": 1}, True, ("n",))
-    assert report.full and IsolationReport.from_dict(report.to_dict()) == report
+    with pytest.raises(ValueError, match="host_uid must be a non-negative int"):
+        SandboxConfig(host_uid=-1)
+    with pytest.raises(ValueError, match="episode_time_s must be > 0"):
+        SandboxConfig(episode_time_s=0)
+    report = IsolationReport("namespaces", {name: True for name in PROTECTIONS}, {"cpu_s": 1}, {"memory_mb": 1},
+                             ("n",))
+    assert report.full and report.network == "none" and IsolationReport.from_dict(report.to_dict()) == report
+    weaker = IsolationReport("rlimits", {**report.protections, "pid_namespace": False, "seccomp": False}, {})
+    assert weaker.missing == ["seccomp", "pid_namespace"] and not weaker.full and not weaker.syscall_filter
     assert math.isclose(SandboxConfig().timeout_reward, -0.5)
+
+
+def test_messages_from_workers_are_checked_by_exact_type_without_recursion():
+    deep = json.loads("[" * 900 + "]" * 900)  # as deep as the JSON decoder itself allows
+    for bad, why in ((deep, "nested deeper"), ({"ok": True, "value": 10 ** 30}, "outside 64 bits"),
+                     ({"ok": True, "value": {TUPLE_KEY: 5}}, "malformed tuple"),
+                     ({"ok": True, "value": {OPAQUE_KEY: ["x"]}}, "malformed tuple or type marker"),
+                     ({"ok": True, "value": {TUPLE_KEY: [], "extra": 1}}, "malformed"),
+                     ({"ok": True, "value": [0] * (validate.MAX_NODES + 1)}, "more than")):
+        with pytest.raises(ProtocolError, match=why):
+            validate.check_message(bad)
+
+    class Sneaky(int):
+        pass
+
+    with pytest.raises(ProtocolError, match="type Sneaky"):
+        validate.check_message({"ok": True, "value": Sneaky(1)})
+    fine = {"ok": True, "value": {TUPLE_KEY: ["obs", 1.0, True, False, {"k": [1, None, "x"]}]}}
+    assert validate.check_message(fine) is fine
+    observation, *_ = validate.check_step(fine["value"], 100)
+    dirty = validate.check_observation("a\ud800b\x1b[2Jc\rd", 100)
+    assert dirty == "a\ufffdb\ufffd[2Jc\ufffdd"
+
+
+def test_raw_value_never_calls_methods_of_subclasses():
+    class LyingInt(int):
+        def bit_length(self):
+            raise AssertionError("called")
+
+    class LyingStr(str):
+        def __eq__(self, other):
+            raise AssertionError("called")
+
+        __hash__ = str.__hash__
+
+    assert raw_value(LyingInt(5)) == {OPAQUE_KEY: "LyingInt"}
+    assert raw_value({LyingStr("__tuple__"): 5}) == {OPAQUE_KEY: "dict with key of type LyingStr"}
+    assert raw_value(10 ** 40) == {OPAQUE_KEY: "int out of range"}
+    assert raw_value({1: (2, [3.5])}) == {"1": {TUPLE_KEY: [2, [3.5]]}}
+
+
+def test_virtual_clock_ignores_how_long_the_worker_waited():
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import datetime
+            import time as clock
+
+            worker.install_virtual_clock()
+            first = (clock.time(), clock.monotonic(), datetime.datetime.now().timestamp())
+            clock.sleep(0.3)
+            second = (clock.time(), clock.monotonic(), datetime.datetime.now().timestamp())
+            now = datetime.datetime.now()
+            data = {"deltas": [b - a for a, b in zip(first, second)], "year": now.year,
+                    "is_datetime": isinstance(now, datetime.datetime), "today": str(datetime.date.today())}
+            os.write(write_fd, json.dumps(data).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    raw = os.read(read_fd, 4096)
+    os.close(read_fd)
+    assert os.waitpid(pid, 0)[1] == 0
+    data = json.loads(raw)
+    assert all(0 < d < 0.01 for d in data["deltas"]), data  # 0.3 s passed; the virtual clock moved ~ms
+    assert data["year"] == 2025 and data["is_datetime"] and data["today"].startswith("2025-01-01")

@@ -95,10 +95,9 @@ def _human(report: dict, path: str) -> str:
         f"reason:    {_line(report['reason'])}",
         f"class:     {_line(report.get('class_name') or '-')}",
         "timings:   " + ", ".join(f"{_line(k, 100)} {_seconds(v)}" for k, v in timings.items()),
-        f"isolation: {_line(iso.get('method'), 100)}: network {_line(iso.get('network'), 100)}, "
-        f"filesystem {_line(iso.get('filesystem'), 100)}, "
-        f"pid namespace {'yes' if iso.get('pid_namespace') else 'no'}, "
-        f"per-episode uid {'yes' if iso.get('per_episode_uid') else 'no'}",
+        f"isolation: {_line(iso.get('method'), 100)}: "
+        + (f"missing {_line(', '.join(iso.get('missing') or []), 400)}" if iso.get("missing")
+           else "every protection in force"),
         "rlimits:   " + ", ".join(f"{_line(k, 100)}={_line(v, 100)}" for k, v in (iso.get("rlimits") or {}).items()),
     ]
     lines += [f"note:      {_line(note)}" for note in iso.get("notes") or []]
