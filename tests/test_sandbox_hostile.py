@@ -6,6 +6,8 @@ Modes (each a set of SandboxConfig overrides for every pool it uses):
   b  the import policy off everywhere: only the OS layers stand
   c  namespaces forced off (isolation="rlimits"), import policy off
   d  the pool run as an unprivileged uid created for the test (host_uid), import policy off
+  e  d with namespaces forced off as well: the weakest configuration (no per-episode uid, no
+     cgroup, no namespaces; seccomp and Landlock are what stands)
 
 Per mode the whole corpus runs at once, next to well-behaved episodes, in three pools (import
 guard off; guard off with forks allowed; guard as the mode says): every program is started,
@@ -74,10 +76,12 @@ MODES = {
     "b": Mode("b", {"restrict_imports": False}, guard=False),
     "c": Mode("c", {"restrict_imports": False, "isolation": "rlimits"}, guard=False),
     "d": Mode("d", {"restrict_imports": False, "host_uid": UNPRIVILEGED}, guard=False),
+    "e": Mode("e", {"restrict_imports": False, "host_uid": UNPRIVILEGED, "isolation": "rlimits"}, guard=False),
 }
+pytestmark = pytest.mark.filterwarnings("ignore:sandbox protections not in force:RuntimeWarning")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Ctx:
     """What the attacks are pointed at, and what the checks compare against."""
 
@@ -99,7 +103,7 @@ class Ctx:
     def kwargs(self, host_pid: int = 0) -> dict:
         return {"path": str(self.pwned), "secret_path": str(self.secret_file), "port": self.port,
                 "pids": self.pids, "repo_file": str(Path(__file__).resolve().parents[1] / "README.md"),
-                "host_pid": host_pid, "tag": self.tag, "marker_reversed": self.marker[::-1],
+                "host_pid": host_pid, "tag": self.tag, "marker": self.marker,
                 "dir": str(self.tmp), "name": f"spade-xep-{self.tag}"}
 
 
@@ -145,7 +149,8 @@ def _clean_env(result, ctx, mode):
 
 def _no_escalation(result, ctx, mode):
     data = _obs(result)
-    data.pop("uid")
+    if data.pop("uid") == 0:  # already root of its own user namespace (mode d): setuid(0) is a no-op
+        data.pop("setuid0")
     assert all(v != "succeeded" for v in data.values()), data
 
 
@@ -197,9 +202,11 @@ def _no_control_in_error(result, ctx, mode):
 
 
 def _virtual_clock(result, ctx, mode):
-    data = _obs(result)
-    for source in ("time", "monotonic", "datetime"):
-        assert abs(data[source]) < 0.1, data  # the workers idled IDLE_S, the virtual clock did not see it
+    deltas = _obs(result)["deltas"]
+    python_level = {k: v for k, v in deltas.items() if k != "clock_gettime"}  # the vDSO clock: see README
+    assert len(python_level) >= 3, deltas
+    for source, delta in python_level.items():
+        assert abs(delta) < 0.1, deltas  # the workers idled IDLE_S; the virtual clock did not see it
 
 
 def _idle_worker_did_nothing(result, ctx, mode):
@@ -237,7 +244,7 @@ class Expect:
 
 
 EXPECT = {
-    "aggregate_memory.py": Expect("step", check=lambda r, c, m: None, admission="contract"),
+    "aggregate_memory.py": Expect("step", admission="contract", variants=({"mb": 20},)),
     "base_exception.py": Expect("step", "KeyboardInterrupt", admission="contract"),
     "cross_episode_socket.py": Expect("step", check=_no_breach,
                                       variants=({"role": "listen"}, {"role": "connect"})),
@@ -252,7 +259,7 @@ EXPECT = {
     "forbidden_import.py": Expect("start", guard_error="import of 'socket' is not allowed", pool="guarded"),
     "fork_bomb.py": Expect("start", "BlockingIOError"),
     "huge_observation.py": Expect("start", "exceeds the limit", admission="contract"),
-    "idle_alarm.py": Expect("start", "reset() raised PermissionError"),
+    "idle_alarm.py": Expect("start", "Operation not permitted"),
     "idle_cpu.py": Expect("step", check=_idle_worker_did_nothing),
     "ignore_sigterm.py": Expect("step", "timeout: step", timed_out=True),
     "import_escape.py": Expect("start", check=_escape_contained),
@@ -281,7 +288,7 @@ EXPECT = {
     "recursion_error.py": Expect("step", "RecursionError", admission="contract"),
     "same_uid_attacks.py": Expect("start", check=_no_breach),
     "sleep_in_step.py": Expect("step", "timeout: step", timed_out=True),
-    "slow_calls.py": Expect("step", check=lambda r, c, m: None, admission="contract"),
+    "slow_calls.py": Expect("step", admission="contract", variants=({"iterations": 3_000_000},)),
     "spoof_output.py": Expect("start", "RuntimeError", check=_no_control_in_error, admission="load"),
     "stderr_flood.py": Expect("start", "output limit exceeded"),
     "stdout_flood.py": Expect("step", "output limit exceeded", admission="contract"),
@@ -454,6 +461,8 @@ def test_isolation_in_force_per_mode(mode, ctx):
         "a": set(), "b": set(),
         "c": {"private_root", "pid_namespace", "network_namespace", "ipc_namespace", "scratch_tmpfs"},
         "d": {"per_episode_uid", "memory_cgroup", "pids_cgroup"},
+        "e": {"private_root", "pid_namespace", "network_namespace", "ipc_namespace", "scratch_tmpfs",
+              "per_episode_uid", "memory_cgroup", "pids_cgroup"},
     }[mode]
     kernel_layers = {"seccomp", "landlock_filesystem", "landlock_network", "landlock_scopes"}
     missing = set(report.missing)

@@ -36,9 +36,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import encodings
 import gc
 import importlib
 import os
+import pkgutil
 import random
 import resource
 import selectors
@@ -62,10 +64,13 @@ from spade_jax.sandbox.text import clean_text
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_message, check_reset,
                                         check_solution, check_step, clip_reward, unwrap)
 
-# numpy submodules loaded lazily on first use: preloaded so workers never need the filesystem.
+# Modules the allowed ones load lazily on first use (numpy submodules, datetime.strptime's
+# _strptime, every text codec): preloaded so workers never need to read the filesystem, which
+# a per-episode uid may not be allowed to (an interpreter under a private home) and Landlock
+# or the private root may not show.
 _PRELOAD_EXTRA = ("numpy.random", "numpy.linalg", "numpy.fft", "numpy.polynomial", "numpy.ma", "numpy.char",
                   "numpy.rec", "numpy.strings", "numpy.exceptions", "numpy.dtypes", "numpy.lib.stride_tricks",
-                  "numpy.lib.recfunctions", "spade_jax.envs.contract", "spade_jax.envs.tool_use")
+                  "numpy.lib.recfunctions", "_strptime", "spade_jax.envs.contract", "spade_jax.envs.tool_use")
 _OUTPUT_KEEP_BYTES = 16384
 _UID_SPAN = 1 << 16
 _EXIT_GRACE_S = 0.05
@@ -976,7 +981,8 @@ def _runtime_dirs() -> list[str]:
 
 def _preload() -> None:
     """Imports everything a worker may use, so workers share the pages and never need the filesystem."""
-    for name in sorted(ALLOWED_MODULES - {"__future__"}) + list(_PRELOAD_EXTRA):
+    codecs = [f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__)]
+    for name in sorted(ALLOWED_MODULES - {"__future__"}) + list(_PRELOAD_EXTRA) + codecs:
         try:
             importlib.import_module(name)
         except ImportError:
