@@ -113,12 +113,19 @@ def propose(
 
 
 def admit_samples(
-    samples: Sequence[DesignSample], pool, memory: EnvironmentMemory, admission: AdmissionConfig
+    samples: Sequence[DesignSample],
+    pool,
+    memory: EnvironmentMemory,
+    admission: AdmissionConfig,
+    seed: int | None = None,
 ) -> list[DesignSample]:
-    """Runs staged admission on every sample at once (novelty against memory and the batch)."""
+    """Runs staged admission on every sample at once (novelty against memory and the batch).
+
+    ``seed`` draws the admission's probe seeds and actions (None: OS entropy).
+    """
     archive = [record.code for record in memory.records()]
     reports = reject_batch_duplicates(
-        admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool), admission
+        admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool, seed=seed), admission
     )
     return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]
 

@@ -10,7 +10,8 @@ name ends in ``Env``:
         def solution(self) -> str: ...   # optional: reference actions, one per line
 
 * ``reset(seed)`` builds a fresh instance from ``seed`` (same seed, same instance)
-  and returns the first observation and an info dict.
+  and returns the first observation and an info dict. Seeds are ints drawn uniformly
+  from ``range(EPISODE_SEED_SPACE)`` (training and admission alike).
 * ``step(action)`` returns ``(observation, reward, terminated, truncated, info)``.
   Rewards lie in [-1, 1]; ``SUCCESS_REWARD`` (1.0) on the final step means the
   episode was won. ``truncated`` is set when ``max_turns`` runs out.
@@ -38,6 +39,9 @@ from __future__ import annotations
 import re
 
 SUCCESS_REWARD = 1.0
+# Episode seeds are drawn uniformly from range(EPISODE_SEED_SPACE): by the self-play loop for
+# training episodes and by sandbox admission for its probes, so a program cannot tell them apart.
+EPISODE_SEED_SPACE = 2**31
 
 _BOXED_OPEN = re.compile(r"\\boxed\s*\{")
 

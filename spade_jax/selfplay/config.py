@@ -78,7 +78,18 @@ def base_config() -> ml_collections.ConfigDict:
         )
     )
 
-    c.admission = ml_collections.ConfigDict(dict(num_seeds=3, novelty_threshold=0.85, reward_min=-1.0, reward_max=1.0))
+    c.admission = ml_collections.ConfigDict(
+        dict(
+            num_seeds=3,
+            novelty_threshold=0.85,
+            reward_min=-1.0,
+            reward_max=1.0,
+            random_plays=8,
+            max_random_win_rate=0.5,
+            pause_s=1.0,
+            time_budget_s=120.0,
+        )
+    )
 
     c.sandbox = ml_collections.ConfigDict(
         dict(

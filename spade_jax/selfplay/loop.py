@@ -31,6 +31,7 @@ from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.review import review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
+from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.rl import advantages as adv_lib
 from spade_jax.rl import rewards as rew_lib
 from spade_jax.rl.batch import TrainSequence, pack
@@ -42,7 +43,7 @@ from spade_jax.selfplay.distributed import ShardedPool, is_main_process
 from spade_jax.selfplay.report import EnvLog, MetricsWriter, phase_bar, summary_line, write_gallery
 from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv
 
-_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5}
+_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6}
 
 
 class Preempted(Exception):
@@ -255,7 +256,10 @@ class SelfPlay:
             )
             bar.update(1)
             times["design_s"] = time.perf_counter() - start
-            designs = admit_samples(designs, self.pool, self.memory, self.admission_cfg)
+            designs = admit_samples(
+                designs, self.pool, self.memory, self.admission_cfg,
+                seed=derive_seed(cfg.seed, it, _PHASES["admission"]),
+            )
             bar.update(1)
         times["admission_s"] = time.perf_counter() - start - times["design_s"]
         self.state.pool = []
@@ -314,7 +318,7 @@ class SelfPlay:
         k = self.config.agent.episodes_per_env
         requests = []
         for e_index, env in enumerate(envs):
-            seeds = [derive_seed(self.config.seed, it, e_index, j) % (2**31) for j in range(k)]
+            seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
             for hinted in (False, True):
                 if hinted and self.hint_cfg.mode == "none":
                     continue

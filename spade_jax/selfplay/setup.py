@@ -128,6 +128,10 @@ def admission_config(c) -> AdmissionConfig:
         num_seeds=a.num_seeds,
         novelty_threshold=a.novelty_threshold,
         reward_range=(a.reward_min, a.reward_max),
+        random_plays=a.random_plays,
+        max_random_win_rate=a.max_random_win_rate,
+        pause_s=a.pause_s,
+        time_budget_s=a.time_budget_s,
         max_turns=c.agent.max_turns,
         sandbox=sandbox_config(c),
     )
