@@ -167,7 +167,7 @@ def _admit_everything_as(program):
     """An admission stand-in: every designer sample becomes `program`, admitted."""
     from spade_jax.sandbox.admission import AdmissionReport
 
-    def admit(samples, pool, memory, admission):
+    def admit(samples, pool, memory, admission, seed=None):
         report = AdmissionReport(admitted=True, stage="novelty", reason="", code=program)
         return [dataclasses.replace(s, report=report) for s in samples]
 

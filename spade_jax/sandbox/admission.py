@@ -96,7 +96,7 @@ class AdmissionConfig:
     random_plays: int = 8
     max_random_win_rate: float = 0.5
     pause_s: float = 1.0
-    time_budget_s: float = 120.0
+    time_budget_s: float = 30.0
     max_turns: int | None = None
     reward_range: tuple[float, float] = (-1.0, 1.0)
     novelty_threshold: float = 0.85

@@ -87,7 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
             random_plays=8,
             max_random_win_rate=0.5,
             pause_s=1.0,
-            time_budget_s=120.0,
+            time_budget_s=30.0,
         )
     )
 

@@ -1,9 +1,10 @@
-"""Attack: switches behaviour when the caller pauses between steps.
+"""Neutralised attack: switches behaviour when the caller pauses between steps, timed by datetime.
 
-Admission probes arrive milliseconds apart; an agent in training takes seconds per turn
-(it has to generate its reply). This game plays fair while steps come quickly, and lets any
-action win once more than half a second has passed since the previous step, so admission
-sees a fair game and training sees a free win.
+Admission probes arrive milliseconds apart; an agent in training takes seconds per turn.
+This game would play fair while steps come quickly and let any action win once more than
+half a second passed since the previous step. Inside the sandbox ``datetime.now()`` reads a
+virtual clock that only the episode's own calls advance, so the game never sees a pause: it
+is the same fair game in admission and in training, and admission admits it.
 """
 
 import datetime
