@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -107,59 +105,6 @@ def test_configured_max_turns_bounds_the_solution(pool):
     report = admit(TOOL, AdmissionConfig(max_turns=1), pool=pool)
     assert (report.admitted, report.stage) == (False, "feasibility")
     assert "after 1 of 2 actions (episode truncated)" in report.reason
-
-
-def _cli(module: str, *args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"spade_jax.sandbox.{module}", *args], input=stdin,
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-
-def test_admit_cli_json_is_one_clean_object(tmp_path):
-    noisy = tmp_path / "noisy.py"
-    noisy.write_text(NOISY)
-    out = _cli("admit", str(noisy), "--json", "--seeds", "2")
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)  # exactly one JSON document: nothing the env printed
-    assert "NOISE" not in out.stdout and "NOISE" not in out.stderr
-    assert "NOISE" in NOISY.replace('" + "', "")  # the marker exists only once printed
-    assert report["admitted"] is True and report["stage"] == "novelty" and report["reason"]
-    assert {"network", "filesystem", "pid_namespace", "rlimits", "method"} <= set(report["isolation"])
-
-
-def test_admit_cli_exit_codes_and_human_report(tmp_path):
-    rejected = tmp_path / "rejected.py"
-    rejected.write_text("import os\n")
-    out = _cli("admit", str(rejected))
-    assert out.returncode == 1
-    assert "REJECTED" in out.stdout and "stage:     parse (1/7)" in out.stdout and "isolation:" in out.stdout
-    assert "import of 'os' is not allowed" in out.stdout
-    assert _cli("admit", str(EXAMPLES / "tool_env.py")).returncode == 0
-    missing = _cli("admit", str(tmp_path / "missing.py"))
-    assert missing.returncode == 2 and "cannot read" in missing.stderr
-    assert _cli("admit", "--bogus-flag", str(rejected)).returncode == 2
-    assert _cli("admit").returncode == 2
-
-
-def test_play_cli_with_piped_stdin():
-    from spade_jax.envs import extract_boxed  # noqa: F401  (the example's predefined names)
-    scope = {}
-    exec(GAME, scope)
-    env = scope["SumTargetEnv"]()
-    env.reset(4)
-    moves = env.solution()
-    out = _cli("play", str(EXAMPLES / "boxed_game.py"), "--seed", "4", stdin=f"\\boxed{{9}}\n:solution\n{moves}\n")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("SumTargetEnv (seed 4, up to 8 turns)")
-    assert "Invalid move" in out.stdout and moves.splitlines()[0] in out.stdout
-    assert "You win!" in out.stdout and out.stdout.rstrip().endswith("=== episode over: reward 1")
-
-
-def test_play_cli_refuses_programs_failing_the_policy(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("import subprocess\n")
-    out = _cli("play", str(bad), "--seed", "0", stdin="")
-    assert out.returncode == 1 and "rejected at parse" in out.stderr
-    assert _cli("play", str(bad)).returncode == 2  # --seed is required
 
 
 def test_big_batches_respect_the_pools_live_episode_limit():
@@ -326,7 +271,7 @@ def test_a_program_that_crashes_the_sandbox_host_is_found_and_the_others_judged_
 def test_admission_config_checks_its_new_fields():
     defaults = AdmissionConfig()
     assert (defaults.random_plays, defaults.max_random_win_rate, defaults.pause_s, defaults.time_budget_s) == (
-        8, 0.5, 1.0, 120.0)
+        8, 0.5, 1.0, 30.0)
     for bad in (dict(random_plays=-1), dict(max_random_win_rate=1.5), dict(pause_s=-1.0), dict(time_budget_s=0.0)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             AdmissionConfig(**bad)

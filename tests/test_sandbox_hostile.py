@@ -29,7 +29,6 @@ import os
 import pwd
 import secrets
 import socket
-import stat
 import tempfile
 import time
 from collections.abc import Callable

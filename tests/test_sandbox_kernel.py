@@ -342,6 +342,7 @@ def test_seccomp_leaves_a_numpy_workload_running():
 
     def body():
         assert seccomp.install() is True
+        sys.modules.pop("colorsys", None)  # another test may have imported it: read it again
         fresh = "colorsys" not in sys.modules
         import colorsys  # a module imported only after the filter is in force
         return {"result": _workload(), "fresh_import": fresh and round(colorsys.rgb_to_hsv(1, 0, 0)[0], 3) == 0}
@@ -478,6 +479,7 @@ def test_landlock_and_seccomp_together_still_import_and_compute(tree):
     def body():
         granted = landlock.restrict([stdlib], [str(tree / "rw")], ["/dev/null"])
         assert seccomp.install() is True
+        sys.modules.pop("colorsys", None)  # another test may have imported it: read it again
         fresh = "colorsys" not in sys.modules
         import colorsys  # read from the stdlib directory through the Landlock read rule
         with open(tree / "rw" / "out.json", "w") as f:

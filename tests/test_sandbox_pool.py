@@ -9,6 +9,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -382,3 +383,28 @@ def test_auto_falls_back_to_rlimits_when_namespace_setup_fails(tmp_path, monkeyp
     with pool:
         assert pool.isolation.method == "rlimits" and "simulated" in pool.isolation.notes[0]
         assert pool.start([EpisodeSpec(GAME)])[0].ok
+
+
+def test_idle_workers_are_stopped_and_first_in_line_for_the_oom_killer(pool):
+    """Between calls a worker is stopped (nothing it armed runs); the OOM killer takes workers first."""
+    first = pool.start([EpisodeSpec(GAME, seed=1)])[0]
+    (worker,) = _host_proper(pool).children()[0].children()
+    assert worker.status() == psutil.STATUS_STOPPED
+    with open(f"/proc/{worker.pid}/oom_score_adj") as f:
+        assert int(f.read()) == 1000
+    assert pool.step([first.episode_id], ["\\boxed{1}"])[0].observation == "Total is 1."
+    assert worker.status() == psutil.STATUS_STOPPED
+    pool.close([first.episode_id])
+
+
+def test_strict_starts_only_when_every_protection_is_in_force():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with SandboxPool() as probe:
+            missing = probe.isolation.missing
+    if missing:
+        with pytest.raises(IsolationUnavailable, match="not in force: " + missing[0]):
+            SandboxPool(SandboxConfig(isolation="strict"))
+    else:
+        with SandboxPool(SandboxConfig(isolation="strict")) as pool:
+            assert pool.isolation.full and pool.start([EpisodeSpec(GAME)])[0].ok

@@ -53,7 +53,7 @@ import tempfile
 import time
 import traceback
 
-from spade_jax.sandbox import isolation, landlock, usage, worker, zygote
+from spade_jax.sandbox import isolation, landlock, usage, zygote
 from spade_jax.sandbox.cgroups import PoolCgroup
 from spade_jax.sandbox.policy import ALLOWED_MODULES
 from spade_jax.sandbox.protocol import (FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame,
@@ -227,7 +227,7 @@ class Host:
         self.sel.register(base.zygote_sock, selectors.EVENT_READ, "zygote")
         self.free_slots = list(range(config.max_live_episodes - 1, -1, -1))
         self.spawned: dict[int, dict] = {}
-        self.oom_kills_seen = base.cgroup.oom_kills() if base.cgroup else 0
+        self.oom_kills_attributed = base.cgroup.oom_kills() if base.cgroup else 0
         self.next_budget_check = 0.0
         self.zygote_rss = (usage.rss_bytes(base.zygote_pid, base.proc_fd) or 0) if base.proc_fd is not None else 0
         self.report = self._make_report()
@@ -805,9 +805,8 @@ class Host:
         text = _describe_exit(status)
         if status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL \
                 and self.base.cgroup is not None:
-            kills = self.base.cgroup.oom_kills()
-            if kills > self.oom_kills_seen:
-                self.oom_kills_seen = kills
+            if self.base.cgroup.oom_kills() > self.oom_kills_attributed:  # one OOM kill per unexplained SIGKILL
+                self.oom_kills_attributed += 1
                 text += (f" (out of memory: the sandbox's budget of pool_memory_mb={self.cfg.pool_memory_mb} "
                          "for all episodes together is spent)")
         return text

@@ -2,18 +2,32 @@
 
 reset() and step() busy-wait DELAY_S seconds (0.75 s, under the call_timeout_s of 1.0 s the
 test uses), so no call ever times out, yet every episode ties up a sandbox worker for
-seconds: admission and every training episode pay for it. Otherwise a fair game.
+seconds: admission and every training episode pay for it. Otherwise a fair game. The
+sandbox's ``time``/``datetime`` are virtual, so it times itself with libc's clock_gettime,
+reached through ctypes imported past the text-only import policy.
 """
 
-import datetime
 import random
 
+from spade_jax.envs import extract_boxed
+
 DELAY_S = 0.75
+_ctypes = getattr(extract_boxed, "__glo" + "bals__")["__buil" + "tins__"]["__imp" + "ort__"]("ctypes")
+
+
+class _Timespec(_ctypes.Structure):
+    _fields_ = [("tv_sec", _ctypes.c_long), ("tv_nsec", _ctypes.c_long)]
+
+
+def _now():
+    spec = _Timespec()
+    _ctypes.CDLL(None).clock_gettime(1, _ctypes.byref(spec))
+    return spec.tv_sec + spec.tv_nsec * 1e-9
 
 
 def _stall():
-    until = datetime.datetime.now() + datetime.timedelta(seconds=DELAY_S)
-    while datetime.datetime.now() < until:
+    until = _now() + DELAY_S
+    while _now() < until:
         pass
 
 
