@@ -116,9 +116,8 @@ def sandboxed(starts: int, steps: int, episodes: int) -> tuple[dict, str]:
         env.reset(seed)
         solutions[seed] = env.solution().splitlines()
     rates = {f"rate{w}": _episodes_per_s(w, episodes, solutions) for w in (1, 2)}
-    iso = (f"{isolation.method}: network {isolation.network}, filesystem {isolation.filesystem}, "
-           f"pid namespace {isolation.pid_namespace}, per-episode uid {isolation.per_episode_uid}, "
-           f"seccomp {isolation.syscall_filter}")
+    iso = f"{isolation.method}, " + (f"missing {', '.join(isolation.missing)}" if isolation.missing
+                                      else "every protection in force")
     return {"start": start_s, "step": step_s, **rates}, iso
 
 

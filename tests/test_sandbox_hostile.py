@@ -546,3 +546,22 @@ def test_admission_rejects_every_hostile_program_at_the_expected_stage(ctx):
     assert got == {n: (False, e.admission) for n, e in EXPECT.items()}
     for n, r in zip(sorted(EXPECT), reports):
         assert r.reason, n
+
+
+PROBE_SNIFFERS = {  # tests/hostile_admission: programs that try to tell admission probes from play
+    "seed_backdoor.py": "not_trivial",
+    "noop_dodge.py": "not_trivial",
+    "probe_aware_noise.py": "determinism",
+    "pause_switch_real_clock.py": "determinism",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_probe_sniffing_programs_are_rejected(mode):
+    """Seed, probe-action and pause sniffing fail admission whatever isolation the pool has
+    (the slow-call one is tested with its own budget in test_sandbox_admission)."""
+    folder = Path(__file__).parent / "hostile_admission"
+    with _pool(MODES[mode], "guarded") as pool:
+        reports = admit_batch([(folder / n).read_text() for n in PROBE_SNIFFERS], AdmissionConfig(), pool=pool)
+    got = {n: (r.admitted, r.stage) for n, r in zip(PROBE_SNIFFERS, reports)}
+    assert got == {n: (False, stage) for n, stage in PROBE_SNIFFERS.items()}, [r.reason for r in reports]

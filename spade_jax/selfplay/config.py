@@ -99,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
             call_timeout_s=5.0,
             cpu_seconds=120,
             memory_mb=1024,
+            episode_time_s=120.0,
+            pool_memory_mb=4096,
+            pool_processes=4096,
         )
     )
 
