@@ -496,8 +496,13 @@ def test_sweep_owned_removes_only_the_uid_s_entries(tmp_path):
     mine += [own(shared / "mydir" / "sub" / "data"), own(shared / "mydir" / "sub"), own(shared / "mydir")]
     deep = shared / "/".join(["d"] * 100)
     os.makedirs(deep)
+    for level in range(1, 101):  # world-writable all the way down: the uid could have written there
+        (shared / "/".join(["d"] * level)).chmod(0o1777)
     (deep / "leaf").write_text("x")
     mine.append(own(deep / "leaf"))
+    (shared / "closed").mkdir(mode=0o755)  # root's, not writable by the uid: not searched
+    (shared / "closed" / "planted").write_text("x")
+    os.chown(shared / "closed" / "planted", TEST_UID, TEST_UID)
     (shared / "mixed").mkdir()
     own(shared / "mixed")
     (shared / "mixed" / "roots").write_text("keep")
@@ -511,6 +516,7 @@ def test_sweep_owned_removes_only_the_uid_s_entries(tmp_path):
     assert (outside / "precious").exists()                    # the symlink was not followed
     assert (shared / "mixed" / "roots").exists()              # someone else's file: kept, so is its dir
     assert (shared / "rootfile").exists() and (shared / "rootlink").is_symlink()
+    assert (shared / "closed" / "planted").exists()  # the uid could not have put it there
     assert os.path.isdir(deep)                                # root's directories stay
     assert usage.sweep_owned([str(shared), str(tmp_path / "missing")], {TEST_UID}) == []
 

@@ -105,7 +105,7 @@ def _listdir(fd: int) -> list[str]:
         return []
 
 
-def _walk(root: str) -> Iterator[tuple[str, int, str, os.stat_result, str]]:
+def _walk(root: str, descend=None) -> Iterator[tuple[str, int, str, os.stat_result, str]]:
     """Iterative walk of ``root``'s filesystem below it: yields (event, parent_fd, name, lstat, path).
 
     event "entry" comes for every entry (directories before their contents), "leave" for a
@@ -115,6 +115,7 @@ def _walk(root: str) -> Iterator[tuple[str, int, str, os.stat_result, str]]:
     vanish are skipped, a directory replaced between lstat and open is skipped. At most
     _MAX_OPEN_DIRS directory fds are open: deeper trees are walked back up through ".." with
     a device/inode check (a directory moved meanwhile ends the walk of that root).
+    ``descend(lstat)``, when given, decides whether to enter a directory below the root.
     Raises OSError when ``root`` cannot be opened.
     """
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -135,7 +136,7 @@ def _walk(root: str) -> Iterator[tuple[str, int, str, os.stat_result, str]]:
                     continue
                 path = f"{top.path.rstrip('/')}/{name}"
                 yield "entry", top.fd, name, est, path
-                if not stat.S_ISDIR(est.st_mode):
+                if not stat.S_ISDIR(est.st_mode) or (descend is not None and not descend(est)):
                     continue
                 try:
                     fd = os.open(name, _DIR_FLAGS, dir_fd=top.fd)
@@ -225,7 +226,9 @@ def sweep_owned(directories: Sequence[str], uids: Container[int]) -> list[str]:
 
     Files, symlinks (the link, never its target), sockets, fifos and devices owned by those
     uids are unlinked; directories they own are removed once emptied (one that still holds
-    someone else's entries stays). Directories of other owners are searched too. Works
+    someone else's entries stays). Directories of other owners are searched only where those
+    uids could have created entries: world-writable ones, and ones whose group is one of
+    them (episode uids have no other groups), so a large shared /tmp costs little. Works
     through directory fds (unlinkat/rmdir with dir_fd), never follows a symlink, never
     crosses into another filesystem, skips what vanishes or cannot be removed, and never
     removes the given directories themselves. Returns the removed paths. Call it once the
@@ -233,8 +236,11 @@ def sweep_owned(directories: Sequence[str], uids: Container[int]) -> list[str]:
     is skipped.
     """
     removed: list[str] = []
+    def reachable(st) -> bool:
+        return bool(st.st_mode & stat.S_IWOTH) or st.st_uid in uids or st.st_gid in uids
+
     for top in directories:
-        walk = _walk(top)
+        walk = _walk(top, reachable)
         try:
             for event, parent_fd, name, st, path in walk:
                 if st.st_uid not in uids:
