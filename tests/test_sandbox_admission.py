@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,25 +20,8 @@ HOSTILE = Path(__file__).parent / "hostile_admission"
 GAME = (EXAMPLES / "boxed_game.py").read_text()
 TOOL = (EXAMPLES / "tool_env.py").read_text()
 FAST = SandboxConfig(num_workers=2, load_timeout_s=2.0, call_timeout_s=1.0)
-NOISY = textwrap.dedent('''
-    import random
-    print("NO" + "ISE at import")
-    class NoisyEnv:
-        def __init__(self, max_turns=3, **kwargs):
-            self.max_turns = max_turns
-        def reset(self, seed=None):
-            print("NO" + "ISE in reset")
-            self.n = random.Random(seed).randint(1, 3)
-            self.turn = 0
-            return "Guess 1, 2 or 3 as \\\\boxed{n}.", {}
-        def step(self, action):
-            print("NO" + "ISE in step")
-            self.turn += 1
-            won = extract_boxed(action) == str(self.n)
-            return ("yes" if won else "no"), float(won), won, not won and self.turn >= self.max_turns, {}
-        def solution(self):
-            return "\\\\boxed{%d}" % self.n
-''')
+NOISY = (Path(__file__).parent / "sandbox_examples" / "noisy_game.py").read_text()
+
 
 
 @pytest.fixture(scope="module")

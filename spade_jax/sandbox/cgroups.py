@@ -283,10 +283,13 @@ class PoolCgroup:
         return cls._create_v2(layout, memory_bytes, max_processes, name)
 
     @staticmethod
-    def _make_dir(loc: _Location, name: str, opened: list[int], made: list[tuple[int, str]]) -> _Dir:
-        """mkdir + fds; records what it opened/made so a failing create can undo it. Raises OSError."""
-        parent_fd = os.open(loc.path, _DIR_FLAGS)
-        opened.append(parent_fd)
+    def _make_dir(loc: _Location, name: str, opened: list[int], made: list[tuple[int, str]],
+                  parent_fd: int | None = None) -> _Dir:
+        """mkdir + fds (opening ``loc.path`` unless its fd is given); records what it opened/made
+        so a failing create can undo it. Raises OSError."""
+        if parent_fd is None:
+            parent_fd = os.open(loc.path, _DIR_FLAGS)
+            opened.append(parent_fd)
         os.mkdir(name, 0o755, dir_fd=parent_fd)
         made.append((parent_fd, name))
         fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
@@ -376,12 +379,9 @@ class PoolCgroup:
             enabled.append((parent_fd, to_enable))
         step = f"create {os.path.join(loc.path, name)}"
         try:
-            os.mkdir(name, 0o755, dir_fd=parent_fd)
-            made.append((parent_fd, name))
-            fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
-            opened.append(fd)
-            procs_fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)
-            opened.append(procs_fd)
+            d = cls._make_dir(loc, name, opened, made, parent_fd)
+            d = dataclasses.replace(d, controllers=_CONTROLLERS)
+            fd = d.fd
             step = "set memory.max"
             _write_text("memory.max", str(memory_bytes), fd)
             swap_limited = False
@@ -396,7 +396,6 @@ class PoolCgroup:
             if err.errno == errno.EEXIST:
                 return None, f"cgroup v2: {step}: a cgroup named {name!r} already exists"
             return None, _why(err, f"cgroup v2: cannot {step}")
-        d = _Dir(_CONTROLLERS, name, os.path.join(loc.path, name), parent_fd, fd, procs_fd)
         return cls(2, [d], memory_bytes, max_processes, swap_limited or not _swap_present(), enabled), ""
 
     @staticmethod
