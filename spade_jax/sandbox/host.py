@@ -24,7 +24,7 @@ single-threaded event loop:
   namespace, or process group without namespaces) is SIGKILLed; between calls every
   worker is stopped (SIGSTOP), so nothing it armed can run while nobody waits for it;
 * the pool budget: a cgroup where the machine has one, else the host sums its workers'
-  memory (PSS) while calls run and kills the largest busy worker past the budget; without
+  memory (resident growth) while calls run and kills the largest busy worker past the budget; without
   a private tmpfs it also bounds each scratch directory's size the same way;
 * every worker message is checked here (``validate.py``) before anything goes back to the
   client, and any failure, including an error of the host's own code while handling a
@@ -279,7 +279,7 @@ class Host:
         if base.cgroup is not None:
             memory_by = processes_by = base.cgroup.describe()
         else:
-            memory_by = ("host supervisor (sum of the workers' PSS, or resident growth when not root)"
+            memory_by = ("host supervisor (sum of what each worker's resident set grew beyond the zygote's)"
                          if base.proc_fd is not None else "not enforced")
             processes_by = ("per-episode RLIMIT_NPROC" if process_limit else "not enforced") + \
                 f" x max_live_episodes={cfg.max_live_episodes}"
@@ -654,13 +654,9 @@ class Host:
                 f"pool_memory_mb={self.cfg.pool_memory_mb} (this episode held {ep.memory >> 20} MB)")
 
     def _memory_of(self, ep: _Episode) -> int:
-        """A worker's share of memory: its PSS where the host may read it (root), else what its
-        resident set grew beyond the zygote's (workers are undumpable, which hides their
-        smaps from an unprivileged host, not their statm)."""
-        try:
-            return usage.pss_bytes(ep.pid, self.base.proc_fd) or 0
-        except PermissionError:
-            return max(0, (usage.rss_bytes(ep.pid, self.base.proc_fd) or 0) - self.zygote_rss)
+        """A worker's own memory: what its resident set grew beyond the zygote's it was forked
+        from (statm: one cheap read, allowed on undumpable workers, fit for every answer)."""
+        return max(0, (usage.rss_bytes(ep.pid, self.base.proc_fd) or 0) - self.zygote_rss)
 
     def _pool_memory(self) -> int:
         if self.base.cgroup is not None:

@@ -209,7 +209,7 @@ class SandboxPool:
 
     def stats(self) -> dict:
         """Live worker count, episode records held, fds registered by the host and the pool's
-        memory (the cgroup's usage, or the sum of its workers' PSS as last measured)."""
+        memory (the cgroup's usage, or the sum of its workers' resident growth as last measured)."""
         reply = self._request({"op": "stats"}, 1, 1.0)
         if reply is None:
             return {"live": 0, "records": 0, "registered_fds": 0, "memory_bytes": 0}

@@ -1,6 +1,6 @@
 """The supervisor's own measurements and clean-ups where no pool cgroup is available.
 
-* ``pss_bytes`` / ``rss_bytes``: one read of /proc/<pid>/smaps_rollup or statm per process.
+* ``rss_bytes``: one read of /proc/<pid>/statm per process; ``read_proc`` any /proc file.
 * ``tree_usage``: disk use of a directory tree (allocated blocks), bounded by an entry count.
 * ``sweep_owned``: removes what given uids left in shared directories (/tmp, /var/tmp,
   /dev/shm) once their processes are dead.
@@ -29,7 +29,7 @@ IPC_RMID = 0
 SYSV_KINDS = ("shm", "sem", "msg")
 
 
-def _read_proc(pid: int, name: str, proc_fd: int | None) -> bytes | None:
+def read_proc(pid: int, name: str, proc_fd: int | None) -> bytes | None:
     """The whole of /proc/<pid>/<name> (relative to ``proc_fd`` when given); None when the process is gone."""
     rel = f"{int(pid)}/{name}"
     try:
@@ -57,33 +57,16 @@ def _read_proc(pid: int, name: str, proc_fd: int | None) -> bytes | None:
         os.close(fd)
 
 
-def pss_bytes(pid: int, proc_fd: int | None = None) -> int | None:
-    """Proportional set size of ``pid`` in bytes; None when the process is gone (or a zombie).
-
-    Reads /proc/<pid>/smaps_rollup (Linux 4.14+; /proc/<pid>/smaps summed otherwise) under
-    ``proc_fd``, an O_DIRECTORY fd of a procfs root, when given (a pivoted supervisor keeps
-    one; ``pid`` must be in that procfs's PID namespace), else /proc. Shared pages count
-    divided by their number of sharers, so a worker forked from a preloaded host costs its
-    share of the host's pages plus what it wrote. Raises OSError (e.g. PermissionError) when
-    the process exists but cannot be read.
-    """
-    raw = _read_proc(pid, "smaps_rollup", proc_fd)
-    if raw is None:
-        raw = _read_proc(pid, "smaps", proc_fd)
-        if raw is None:
-            return None
-    total, seen = 0, False
-    for line in raw.split(b"\n"):
-        if line.startswith(b"Pss:"):
-            total += int(line.split()[1]) * 1024
-            seen = True
-    return total if seen else None
-
-
 def rss_bytes(pid: int, proc_fd: int | None = None) -> int | None:
-    """Resident set size of ``pid`` in bytes from /proc/<pid>/statm (cheaper than PSS, counts
-    shared pages in full); None when the process is gone. ``proc_fd`` as for ``pss_bytes``."""
-    raw = _read_proc(pid, "statm", proc_fd)
+    """Resident set size of ``pid`` in bytes from /proc/<pid>/statm; None when the process is gone.
+
+    Read under ``proc_fd``, an O_DIRECTORY fd of a procfs root, when given (a pivoted
+    supervisor keeps one; ``pid`` must be in that procfs's PID namespace), else /proc. One
+    small read (~10 us, against ~0.5 ms for smaps_rollup's PSS), readable by the worker's
+    supervisor even when the worker is undumpable. Pages shared with the process it was
+    forked from count in full, so a supervisor compares it with that process's RSS.
+    """
+    raw = read_proc(pid, "statm", proc_fd)
     if not raw:
         return None
     fields = raw.split()
