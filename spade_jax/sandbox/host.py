@@ -909,13 +909,12 @@ class Host:
             if not name.isdigit() or int(name) in live:
                 continue
             try:
-                fd = os.open(f"{name}/status", os.O_RDONLY, dir_fd=proc)
-                try:
-                    text = os.read(fd, 1 << 16).decode(errors="replace")
-                finally:
-                    os.close(fd)
+                raw = usage.read_proc(int(name), "status", proc)
             except OSError:
                 continue
+            if raw is None:
+                continue
+            text = raw.decode(errors="replace")
             fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
             ppid = int(fields.get("PPid", "0").strip() or 0)
             uid = int(fields.get("Uid", "-1").split()[0])
