@@ -227,7 +227,7 @@ class _HostKillingPool:
 
     def solution_results(self, ids):
         if self.dead.intersection(ids):
-            return [SolutionResult(eid, error=self.ERROR) if eid in self.dead else self.real.solution_results([eid])[0]
+            return [SolutionResult(eid, error=self.ERROR, failed_call="host") if eid in self.dead else self.real.solution_results([eid])[0]
                     for eid in ids]
         return self.real.solution_results(ids)
 

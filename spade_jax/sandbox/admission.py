@@ -304,11 +304,9 @@ class _Trace:
 
     def host_error(self) -> str | None:
         """The error of a call that the sandbox host's death answered, if any."""
-        for result in (self.start, *self.steps):
+        for result in (self.start, *self.steps, *([self.solution] if self.solution else [])):
             if result.error and result.failed_call == "host":
                 return result.error
-        if self.solution is not None and (self.solution.error or "").startswith("the sandbox host"):
-            return self.solution.error
         return None
 
 

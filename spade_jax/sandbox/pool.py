@@ -277,7 +277,8 @@ class SandboxPool:
         return StepResult(eid, error=reason, truncated=True, failed_call="host")
 
     def _lost_solution(self, eid: int) -> SolutionResult:
-        return SolutionResult(eid, error=self._lost.get(eid, f"the sandbox host died; episode {eid} is lost"))
+        return SolutionResult(eid, error=self._lost.get(eid, f"the sandbox host died; episode {eid} is lost"),
+                              failed_call="host")
 
     def _read(self, deadline: float) -> dict:
         header = self._read_exact(HEADER_BYTES, deadline)

@@ -175,12 +175,16 @@ class StepResult:
 
 @dataclasses.dataclass
 class SolutionResult:
-    """The reference solution of one episode (None when the env has none or the call failed)."""
+    """The reference solution of one episode (None when the env has none or the call failed).
+
+    ``failed_call`` is "host" when the sandbox host died during the call, as for StepResult.
+    """
 
     episode_id: int
     solution: str | None = None
     error: str | None = None
     timed_out: bool = False
+    failed_call: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "SolutionResult":
