@@ -101,11 +101,14 @@ class _SpecialEscaper:
         self._pattern = re.compile("|".join(map(re.escape, self.strings))) if self.strings else None
 
     def __call__(self, text: str) -> str:
-        if self._pattern is None:
-            return text
-        while self._pattern.search(text) is not None:
-            text = self._pattern.sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
-        return text
+        return text if self._pattern is None else _break_matches(self._pattern, text)
+
+
+def _break_matches(pattern: re.Pattern, text: str) -> str:
+    """``text`` with a word joiner after the first character of every match, until none is left."""
+    while pattern.search(text) is not None:
+        text = pattern.sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
+    return text
 
 
 # Special-token spellings of the common chat formats, for text rendered without a tokenizer.
@@ -128,9 +131,7 @@ def escape_chat_markers(text: str) -> str:
     For model-written text put into prompts rendered without a tokenizer; with one at hand
     use `Tokenizer.escape_special`, which knows exactly that tokenizer's specials.
     """
-    while _CHAT_MARKER_PATTERN.search(text) is not None:
-        text = _CHAT_MARKER_PATTERN.sub(lambda m: m.group()[0] + WORD_JOINER + m.group()[1:], text)
-    return text
+    return _break_matches(_CHAT_MARKER_PATTERN, text)
 
 
 def _check_messages(messages: Sequence[Message]) -> None:
