@@ -9,8 +9,8 @@ compares matched instances.
 Everything an environment says is data: observations (and the hint appended to the first
 one) enter the prompt through `Conversation`, which cleans them and escapes the
 tokenizer's special-token strings (`conversation.prompt_text`); hints taken from
-`solution()` are cleaned and bounded by `solution_hint`; error texts are cleaned and
-bounded before they reach a `Trajectory`.
+`solution()` are cleaned and bounded by `solution_hint`; error texts arrive cleaned and
+bounded from the sandbox host.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ AGENT_SYSTEM_PROMPT = (
 )
 HINT_SEPARATOR = "\n\nHINT: "
 MAX_SOLUTION_HINT_CHARS = 1000
-MAX_ERROR_CHARS = 4000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,4 +225,4 @@ def play_episodes(
 def _end(episode: _Live, result, reason: str) -> None:
     episode.end_reason = reason
     episode.timed_out = bool(result.timed_out)
-    episode.error = None if result.error is None else clean_text(str(result.error), MAX_ERROR_CHARS)
+    episode.error = result.error

@@ -17,8 +17,8 @@ With ``--json`` stdout is exactly one JSON object, ASCII only, also on errors:
     {"file": FILE, <the AdmissionReport fields>, "internal_error": false}     a verdict
     {"file": FILE or null, "admitted": false, "error": "...", "internal_error": true}
 
-Strings from the program are cleaned (``text.clean_value``: valid Unicode, no control
-characters). Nothing the program prints reaches stdout: it runs in sandbox workers whose
+Strings from the program arrive cleaned (the sandbox host passes every string a worker
+sends through ``text.clean_text``: valid Unicode, no control characters). Nothing the program prints reaches stdout: it runs in sandbox workers whose
 output is captured, and while the admission runs the process's own stdout (file
 descriptor 1, inherited by the sandbox host) points at stderr.
 
@@ -36,7 +36,7 @@ import os
 import sys
 
 from spade_jax.sandbox.records import ISOLATION_LEVELS
-from spade_jax.sandbox.text import clean_text, clean_value, display_line
+from spade_jax.sandbox.text import clean_text, display_line
 
 EXIT_ADMITTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
 _FIELD_CHARS = 2000  # program-derived fields in the human report
@@ -134,14 +134,6 @@ def _error_object(path, message: str) -> dict:
     return {"file": path, "admitted": False, "error": clean_text(message, _ERROR_CHARS), "internal_error": True}
 
 
-def _clean_report(report: dict) -> dict:
-    """Program-derived strings cleaned; ``code`` (the file's own text, JSON-escaped anyway) kept as read."""
-    cleaned = clean_value(report)
-    if "code" in report:
-        cleaned["code"] = report["code"]
-    return cleaned
-
-
 def _emit_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=True) + "\n")
     sys.stdout.flush()
@@ -193,7 +185,7 @@ def main(argv=None) -> int:
         report = _run(args)
         code = EXIT_ADMITTED if report["admitted"] is True else EXIT_REJECTED
         if as_json:
-            _emit_json({"file": path, **_clean_report(report), "internal_error": False})
+            _emit_json({"file": path, **report, "internal_error": False})
         else:
             sys.stdout.write(_human(report, path) + "\n")
             sys.stdout.flush()

@@ -15,10 +15,6 @@ is data. This module makes such strings harmless:
     too small for the marker gets the bare cut). Idempotent, and returns its argument
     itself when there is nothing to do. About 0.03 ms on 64K clean ASCII characters,
     0.2 ms on 64K clean non-ASCII ones, a few ms when most characters need replacing.
-``clean_value(value, limit=None)``
-    ``clean_text`` applied to every str inside a JSON-like value (dict keys too),
-    iteratively, so arbitrarily deep values cannot exhaust the stack. Dicts and lists are
-    copied (tuples come back as lists, as JSON would); other values are returned as they are.
 ``display_line(text, limit)``
     One terminal line: backslashes doubled, newlines, tabs and every other character that
     is not printable (``str.isprintable``: controls, format characters such as the bidi
@@ -87,35 +83,6 @@ def clean_text(text: str, limit: int | None = None) -> str:
     return text if limit is None else _fit(text, limit)
 
 
-def clean_value(value, limit: int | None = None):
-    """``value`` with ``clean_text(s, limit)`` applied to every string in it, dict keys included.
-
-    Walks dicts, lists and tuples with an explicit stack (no recursion). Two keys that
-    become equal after cleaning keep the later value.
-    """
-    if isinstance(value, str):
-        return clean_text(value, limit)
-    if not isinstance(value, (dict, list, tuple)):
-        return value
-    root = {} if isinstance(value, dict) else []
-    stack = [(value, root)]
-    while stack:
-        source, target = stack.pop()
-        items = source.items() if isinstance(source, dict) else enumerate(source)
-        for key, item in items:
-            if isinstance(item, str):
-                item = clean_text(item, limit)
-            elif isinstance(item, (dict, list, tuple)):
-                copy = {} if isinstance(item, dict) else []
-                stack.append((item, copy))
-                item = copy
-            if isinstance(target, dict):
-                target[clean_text(key, limit) if isinstance(key, str) else key] = item
-            else:
-                target.append(item)
-    return root
-
-
 def _escape_char(ch: str) -> str:
     short = _SHORT_ESCAPES.get(ch)
     if short is not None:
@@ -163,4 +130,4 @@ def display_line(text: str, limit: int) -> str:
     return "".join(pieces[:kept]) + marker
 
 
-__all__ = ["REPLACEMENT", "clean_text", "clean_value", "display_line"]
+__all__ = ["REPLACEMENT", "clean_text", "display_line"]
