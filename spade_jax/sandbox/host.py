@@ -263,8 +263,6 @@ class Host:
                          "and while calls run")
         self.rlimits = isolation.worker_rlimits(cfg.cpu_seconds, base.vm_bytes + cfg.memory_mb * (1 << 20),
                                                 cfg.disk_mb * (1 << 20), cfg.open_files, cfg.max_processes)
-        self.landlock_on = bool(ll.get("filesystem"))
-        self.syscall_filter = syscall_filter
         protections = {
             "zygote": True, "idle_stop": True, "seccomp": syscall_filter,
             "private_root": plan.namespaces, "pid_namespace": plan.namespaces,
@@ -297,9 +295,9 @@ class Host:
         """How every worker confines itself (sent once to the zygote)."""
         return {"namespaces": self.plan.namespaces, "rlimits": isolation.worker_rlimits_list(self.rlimits),
                 "scratch_bytes": self.cfg.disk_mb << 20, "scratch_inodes": _SCRATCH_INODES,
-                "landlock": self.landlock_on, "read_paths": self.base.read_paths,
+                "landlock": self.report.protections["landlock_filesystem"], "read_paths": self.base.read_paths,
                 "device_files": [f for f in _DEVICE_FILES if os.path.exists(f)],
-                "syscall_filter": self.syscall_filter, "sys_path": self.base.sys_path,
+                "syscall_filter": self.report.protections["seccomp"], "sys_path": self.base.sys_path,
                 "restrict_imports": self.cfg.restrict_imports, "max_message_bytes": self.cfg.max_message_bytes}
 
     # --- request loop ------------------------------------------------------------------------

@@ -255,10 +255,6 @@ class IsolationReport:
     def syscall_filter(self) -> bool:
         return bool(self.protections.get("seccomp"))
 
-    @property
-    def processes_enforced(self) -> bool:
-        return bool(self.protections.get("process_limit"))
-
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["notes"] = list(self.notes)
