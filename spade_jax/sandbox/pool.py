@@ -155,7 +155,7 @@ class SandboxPool:
         budget = self.config.load_timeout_s + self.config.call_timeout_s
         reply = self._request({"op": "start", "programs": programs, "episodes": episodes}, len(specs), budget)
         if reply is None:
-            return [self._lost_step(eid) for eid in ids]
+            return [self._lost_result(StepResult, eid) for eid in ids]
         return [StepResult.from_dict(r) for r in reply["results"]]
 
     def step(self, episode_ids: Sequence[int], actions: Sequence[str]) -> list[StepResult]:
@@ -163,26 +163,22 @@ class SandboxPool:
         ids = _ids(episode_ids)
         if len(actions) != len(ids):
             raise ValueError(f"step() got {len(ids)} episode ids but {len(actions)} actions")
-        asked = [(i, eid, action) for i, (eid, action) in enumerate(zip(ids, actions)) if eid not in self._lost]
-        results = [self._lost_step(eid) for eid in ids]
-        if asked:
-            reply = self._request({"op": "step", "ids": [eid for _, eid, _ in asked],
-                                   "actions": [action for _, _, action in asked]}, len(asked),
-                                  self.config.call_timeout_s)
-            for (i, eid, _), raw in zip(asked, reply["results"] if reply else [None] * len(asked)):
-                results[i] = StepResult.from_dict(raw) if raw else self._lost_step(eid)
-        return results
+        return self._per_episode("step", ids, list(actions), StepResult)
 
     def solution_results(self, episode_ids: Sequence[int]) -> list[SolutionResult]:
         """Calls ``solution()`` on each episode's env; errors and timeouts are in the results."""
-        ids = _ids(episode_ids)
-        asked = [(i, eid) for i, eid in enumerate(ids) if eid not in self._lost]
-        results = [self._lost_solution(eid) for eid in ids]
-        if asked:
-            reply = self._request({"op": "solution", "ids": [eid for _, eid in asked]}, len(asked),
-                                  self.config.call_timeout_s)
-            for (i, eid), raw in zip(asked, reply["results"] if reply else [None] * len(asked)):
-                results[i] = SolutionResult.from_dict(raw) if raw else self._lost_solution(eid)
+        return self._per_episode("solution", _ids(episode_ids), None, SolutionResult)
+
+    def _per_episode(self, op: str, ids: list[int], actions: list[str] | None, kind) -> list:
+        """One batched call for the episodes the host holds; lost episodes are answered here."""
+        asked = [i for i, eid in enumerate(ids) if eid not in self._lost]
+        message = {"op": op, "ids": [ids[i] for i in asked]}
+        if actions is not None:
+            message["actions"] = [actions[i] for i in asked]
+        reply = self._request(message, len(asked), self.config.call_timeout_s) if asked else None
+        results = [self._lost_result(kind, eid) for eid in ids]
+        for i, raw in zip(asked, reply["results"] if reply else ()):
+            results[i] = kind.from_dict(raw)
         return results
 
     def solution(self, episode_ids: Sequence[int]) -> list[str | None]:
@@ -272,13 +268,11 @@ class SandboxPool:
             raise SandboxError(f"the sandbox host died ({why}) and could not be started again: {err}") from None
         self.host_restarts += 1
 
-    def _lost_step(self, eid: int) -> StepResult:
-        reason = self._lost.get(eid, f"the sandbox host died; episode {eid} is lost")
-        return StepResult(eid, error=reason, truncated=True, failed_call="host")
-
-    def _lost_solution(self, eid: int) -> SolutionResult:
-        return SolutionResult(eid, error=self._lost.get(eid, f"the sandbox host died; episode {eid} is lost"),
-                              failed_call="host")
+    def _lost_result(self, kind, eid: int):
+        """The result (StepResult or SolutionResult) of a call on an episode the host took with it."""
+        over = {"truncated": True} if kind is StepResult else {}
+        return kind(eid, error=self._lost.get(eid, f"the sandbox host died; episode {eid} is lost"),
+                    failed_call="host", **over)
 
     def _read(self, deadline: float) -> dict:
         header = self._read_exact(HEADER_BYTES, deadline)
