@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
 # Runs the job on NVIDIA GPUs: one node, several nodes with explicit ranks, or under SLURM.
-#
-#   bash launch/gpu.sh -- --config=configs/qwen3_0p6b.py --workdir=runs/q --config.model.path=/models/Qwen3-0.6B
-#   bash launch/gpu.sh --nodes=2 --node_rank=0 --coordinator=10.0.0.1:4321 -- --config=...   # on each node
-#   srun --nodes=4 --ntasks-per-node=1 bash launch/gpu.sh --slurm -- --config=...
-#   [--dry-run] prints the commands instead of running them.
-#
-# Installs jax[cuda13] into .venv on first use (set SPADE_JAX_EXTRA to pick another extra).
+# Options and examples: bash launch/gpu.sh --help
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<'USAGE'
+usage: bash launch/gpu.sh [options] [-- spade_jax.main flags]
+
+Runs `python -m spade_jax.main` on NVIDIA GPUs: on one node, on several nodes with explicit
+ranks (run it on each node), or under SLURM. Installs jax[cuda13] into .venv on first use
+(set SPADE_JAX_EXTRA to pick another extra).
+
+options (--opt=value or --opt value):
+  --nodes N            number of nodes (default 1)
+  --node_rank R        this node's rank, 0..N-1 (default 0)
+  --coordinator H:P    node 0's address; required when --nodes > 1 (default none)
+  --slurm              take nodes and ranks from SLURM (SPADE_DISTRIBUTED=auto)
+  --dry-run            print the commands instead of running them
+  -h, --help           print this help and exit
+
+Everything after `--` goes to `python -m spade_jax.main` unchanged (absl flags such as
+--config=..., --workdir=..., --config.x=...); any other option before `--` is refused.
+
+examples:
+  bash launch/gpu.sh -- --config=configs/qwen3_0p6b.py --workdir=runs/q --config.model.path=/models/Qwen3-0.6B
+  bash launch/gpu.sh --nodes 2 --node_rank 0 --coordinator 10.0.0.1:4321 -- --config=...   # on each node
+  srun --nodes=4 --ntasks-per-node=1 bash launch/gpu.sh --slurm -- --config=...
+USAGE
+}
+
 nodes=1 node_rank=0 coordinator="" slurm=0 dry=0
 while (($#)); do
-  case "$1" in
-    --nodes=*) nodes="${1#*=}" ;;
-    --node_rank=*) node_rank="${1#*=}" ;;
-    --coordinator=*) coordinator="${1#*=}" ;;
+  arg="$1"
+  case "$arg" in  # --opt value is read as --opt=value
+    --nodes | --node_rank | --coordinator)
+      if (($# < 2)) || [[ "$2" == --* ]]; then
+        echo "gpu.sh: $1 needs a value (see --help)" >&2; exit 2
+      fi
+      arg="$1=$2"; shift ;;
+  esac
+  case "$arg" in
+    --nodes=*) nodes="${arg#*=}" ;;
+    --node_rank=*) node_rank="${arg#*=}" ;;
+    --coordinator=*) coordinator="${arg#*=}" ;;
     --slurm) slurm=1 ;;
     --dry-run) dry=1 ;;
+    -h | --help) usage; exit 0 ;;
     --) shift; break ;;
-    *) echo "gpu.sh: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown option $arg (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
   esac
   shift
 done

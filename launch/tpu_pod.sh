@@ -1,39 +1,73 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a Cloud TPU VM slice, copies this checkout to every worker, installs,
 # optionally copies model weights from a bucket to each worker's disk, and starts the job
-# on all workers at once (jax.distributed finds its peers: SPADE_DISTRIBUTED=auto).
-#
-#   bash launch/tpu_pod.sh --name=spade-v4 --zone=us-central2-b --accelerator=v4-32 \
-#       [--version=tpu-ubuntu2204-base] [--project=P] [--spot] \
-#       [--model_bucket=gs://bucket/Qwen3-4B] [--workdir=gs://bucket/runs/x] [--dry-run] \
-#       -- --config=configs/qwen3_4b.py [more spade_jax.main flags]
-#
-# --model_bucket is copied to ~/model on every worker and passed as --config.model.path.
-# --workdir defaults to ~/spade_runs/<name> on the workers' local disks (relative paths are
-# taken from ~/spade_jax, where the job runs).
-# --dry-run prints every command instead of running it.
+# on all workers at once. Options and examples: bash launch/tpu_pod.sh --help
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<'USAGE'
+usage: bash launch/tpu_pod.sh --name NAME --zone ZONE --accelerator TYPE [options] [-- spade_jax.main flags]
+
+Creates (or reuses) a Cloud TPU VM slice with gcloud, copies this checkout to every worker,
+installs it there (.venv with jax[tpu]), optionally copies model weights from a bucket to
+each worker's disk, and starts `python -m spade_jax.main` on all workers at once
+(jax.distributed finds its peers: SPADE_DISTRIBUTED=auto). Each worker logs to
+~/spade_job.log.
+
+options (--opt=value or --opt value):
+  --name NAME            the TPU VM's name (required)
+  --zone ZONE            its zone, e.g. us-central2-b (required)
+  --accelerator TYPE     its accelerator type, e.g. v4-32 (required)
+  --version V            the TPU VM software version (default tpu-ubuntu2204-base)
+  --project P            the gcloud project (default: gcloud's configured project)
+  --spot                 create a Spot VM
+  --model_bucket URL     copied to ~/model on every worker and passed as
+                         --config.model.path (default none)
+  --workdir DIR          the job's --workdir (default ~/spade_runs/<name> on the workers'
+                         local disks; relative paths are taken from ~/spade_jax, where the
+                         job runs)
+  --dry-run              print every command instead of running it
+  -h, --help             print this help and exit
+
+Everything after `--` goes to `python -m spade_jax.main` on every worker unchanged (absl
+flags such as --config=..., --config.x=...); any other option before `--` is refused.
+
+example:
+  bash launch/tpu_pod.sh --name spade-v4 --zone us-central2-b --accelerator v4-32 \
+      --model_bucket gs://bucket/Qwen3-4B -- --config=configs/qwen3_4b.py
+USAGE
+}
+
 name="" zone="" accelerator="" version="tpu-ubuntu2204-base" project="" spot=0 dry=0
 model_bucket="" workdir=""
 while (($#)); do
-  case "$1" in
-    --name=*) name="${1#*=}" ;;
-    --zone=*) zone="${1#*=}" ;;
-    --accelerator=*) accelerator="${1#*=}" ;;
-    --version=*) version="${1#*=}" ;;
-    --project=*) project="${1#*=}" ;;
+  arg="$1"
+  case "$arg" in  # --opt value is read as --opt=value
+    --name | --zone | --accelerator | --version | --project | --model_bucket | --workdir)
+      if (($# < 2)) || [[ "$2" == --* ]]; then
+        echo "tpu_pod.sh: $1 needs a value (see --help)" >&2; exit 2
+      fi
+      arg="$1=$2"; shift ;;
+  esac
+  case "$arg" in
+    --name=*) name="${arg#*=}" ;;
+    --zone=*) zone="${arg#*=}" ;;
+    --accelerator=*) accelerator="${arg#*=}" ;;
+    --version=*) version="${arg#*=}" ;;
+    --project=*) project="${arg#*=}" ;;
     --spot) spot=1 ;;
-    --model_bucket=*) model_bucket="${1#*=}" ;;
-    --workdir=*) workdir="${1#*=}" ;;
+    --model_bucket=*) model_bucket="${arg#*=}" ;;
+    --workdir=*) workdir="${arg#*=}" ;;
     --dry-run) dry=1 ;;
+    -h | --help) usage; exit 0 ;;
     --) shift; break ;;
-    *) echo "tpu_pod.sh: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
+    *) echo "tpu_pod.sh: unknown option $arg (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
   esac
   shift
 done
 [[ -n "$name" && -n "$zone" && -n "$accelerator" ]] || {
-  echo "tpu_pod.sh: --name, --zone and --accelerator are required" >&2; exit 2; }
+  echo "tpu_pod.sh: --name, --zone and --accelerator are required (see --help)" >&2; exit 2; }
 workdir="${workdir:-../spade_runs/$name}"
 gc=(gcloud compute tpus tpu-vm)
 scope=(--zone="$zone")

@@ -1,0 +1,199 @@
+"""launch/*.sh: --help answers without side effects; own options read as --opt=value or --opt value.
+
+Runs the scripts with bash in their dry-run modes, or with a fake python that records its
+arguments, so nothing is installed and no job starts.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH = REPO / "launch"
+SCRIPTS = ["gpu.sh", "multiprocess_cpu.sh", "run_local.sh", "setup_env.sh", "tpu_pod.sh"]
+
+
+def launch(script, *args, env=None, cwd=None):
+    return subprocess.run(["bash", str(LAUNCH / script), *args], cwd=cwd or REPO, env=env or os.environ,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def no_venv_env(tmp_path):
+    """An environment in which reaching setup_env.sh fails (PYTHON=false) and a venv would show."""
+    env = dict(os.environ, PYTHON="false", SPADE_VENV=str(tmp_path / "venv"))
+    env.pop("SPADE_PYTHON", None)
+    return env
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """A python that runs `-c` snippets for real and otherwise records its argv (one JSON line a call)."""
+    log = tmp_path / "calls.jsonl"
+    fake = tmp_path / "fakevenv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    record = ("import json, os, sys; open(os.environ['FAKE_LOG'], 'a').write(json.dumps("
+              "{'argv': sys.argv[1:], 'process': os.environ.get('SPADE_PROCESS_ID'), "
+              "'num': os.environ.get('SPADE_NUM_PROCESSES')}) + '\\n')")
+    fake.write_text(f'#!/usr/bin/env bash\nif [[ "${{1:-}}" == -c ]]; then exec {sys.executable} "$@"; fi\n'
+                    f'exec {sys.executable} -c "{record}" "$@"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, FAKE_LOG=str(log), SPADE_VENV=str(fake.parent.parent), SPADE_PYTHON=str(fake),
+               PYTHON=sys.executable,  # setup_env.sh checks this one is >= 3.11
+               SPADE_LOG_DIR=str(tmp_path))
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return env, calls
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_prints_usage_and_does_nothing_else(script, flag, no_venv_env, tmp_path):
+    proc = launch(script, flag, env=no_venv_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: bash launch/{script}"), proc.stdout
+    assert "--help" in proc.stdout and proc.stderr == ""
+    if script != "setup_env.sh":
+        assert "goes to `python -m spade_jax.main`" in proc.stdout.replace("\n", " ")
+    assert not (tmp_path / "venv").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script,args", [
+    ("gpu.sh", ["--nodes", "2", "--help"]),
+    ("tpu_pod.sh", ["--name", "x", "--help", "--zone=z"]),
+    ("multiprocess_cpu.sh", ["2", "--config=configs/tiny.py", "--help"]),
+    ("run_local.sh", ["--workdir", "/tmp/x", "--help"]),
+    ("setup_env.sh", ["--test", "--help"]),
+])
+def test_help_among_other_options(script, args, no_venv_env, tmp_path):
+    proc = launch(script, *args, env=no_venv_env)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage:"), proc.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_help_documents_each_option_and_its_default():
+    gpu = launch("gpu.sh", "--help").stdout
+    for text in ("--nodes N", "default 1", "--node_rank R", "default 0", "--coordinator H:P", "--slurm", "--dry-run",
+                 "SPADE_JAX_EXTRA"):
+        assert text in gpu
+    tpu = launch("tpu_pod.sh", "--help").stdout
+    for text in ("--name NAME", "--zone ZONE", "--accelerator TYPE", "default tpu-ubuntu2204-base", "--project P",
+                 "--spot", "--model_bucket URL", "--workdir DIR", "~/spade_runs/<name>", "--dry-run"):
+        assert text in tpu
+    mp = launch("multiprocess_cpu.sh", "--help").stdout
+    for text in ("NUM_PROCESSES", "SPADE_DEVICES_PER_PROCESS", "(default 1)", "SPADE_LOG_DIR", "(default /tmp)"):
+        assert text in mp
+    assert "--workdir=workdirs/tiny" in launch("run_local.sh", "--help").stdout
+    assert "--test" in launch("setup_env.sh", "--help").stdout
+
+
+GPU_MAIN = ["--", "--config=configs/qwen3_0p6b.py", "--config.rl.lr", "1e-5", "--workdir=runs/q"]
+
+
+def test_gpu_options_in_both_spellings():
+    eq = launch("gpu.sh", "--dry-run", "--nodes=2", "--node_rank=1", "--coordinator=10.0.0.1:4321", *GPU_MAIN)
+    sp = launch("gpu.sh", "--dry-run", "--nodes", "2", "--node_rank", "1", "--coordinator", "10.0.0.1:4321", *GPU_MAIN)
+    assert eq.returncode == sp.returncode == 0, (eq.stderr, sp.stderr)
+    assert eq.stdout == sp.stdout
+    job = eq.stdout.splitlines()[-1]
+    assert job.startswith("env SPADE_COORDINATOR=10.0.0.1:4321 SPADE_NUM_PROCESSES=2 SPADE_PROCESS_ID=1 ")
+    assert job.endswith("-m spade_jax.main --config=configs/qwen3_0p6b.py --config.rl.lr 1e-5 --workdir=runs/q ")
+    single = launch("gpu.sh", "--dry-run", *GPU_MAIN)
+    assert single.stdout.splitlines()[-1].endswith("/.venv/bin/python -m spade_jax.main "
+                                                   "--config=configs/qwen3_0p6b.py --config.rl.lr 1e-5 --workdir=runs/q ")
+    slurm = launch("gpu.sh", "--slurm", "--dry-run", "--", "--help")  # after -- even --help is spade_jax.main's
+    assert slurm.returncode == 0 and slurm.stdout.splitlines()[-1].startswith("env SPADE_DISTRIBUTED=auto ")
+    assert slurm.stdout.splitlines()[-1].endswith("-m spade_jax.main --help ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nodes=2", "--dry-run"], "needs --coordinator"),
+    (["--nodes", "2", "--dry-run"], "needs --coordinator"),
+    (["--dry-run", "--coordinator"], "--coordinator needs a value"),
+    (["--nodes", "--dry-run"], "--nodes needs a value"),
+    (["--dry-run", "--config=x"], "unknown option --config=x"),
+    (["--dry-run", "--nodes_rank", "1"], "unknown option --nodes_rank"),
+])
+def test_gpu_refusals(args, message):
+    proc = launch("gpu.sh", *args)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
+
+
+TPU_MAIN = ["--", "--config=configs/qwen3_4b.py", "--config.rl.lr", "1e-5"]
+
+
+def test_tpu_pod_options_in_both_spellings():
+    opts = {"name": "spade-v4", "zone": "us-central2-b", "accelerator": "v4-32", "version": "v2-alpha",
+            "project": "proj", "model_bucket": "gs://bucket/Qwen3-4B", "workdir": "gs://bucket/runs/x"}
+    eq = launch("tpu_pod.sh", "--dry-run", "--spot", *(f"--{k}={v}" for k, v in opts.items()), *TPU_MAIN)
+    sp = launch("tpu_pod.sh", "--dry-run", "--spot", *(a for k, v in opts.items() for a in (f"--{k}", v)), *TPU_MAIN)
+    assert eq.returncode == sp.returncode == 0, (eq.stderr, sp.stderr)
+    assert eq.stdout == sp.stdout
+    lines = eq.stdout.splitlines()
+    assert lines[0] == ("gcloud compute tpus tpu-vm create spade-v4 --zone=us-central2-b --project=proj "
+                        "--accelerator-type=v4-32 --version=v2-alpha --spot ")
+    assert "gs://bucket/Qwen3-4B/\\*" in lines[3]
+    job = lines[4]
+    assert "spade_jax.main\\ --config=configs/qwen3_4b.py\\ --config.rl.lr\\ 1e-5\\ --workdir=gs://bucket/runs/x" \
+           "\\ --config.model.path=../model\\ " in job
+    assert lines[-1].startswith("started on all workers of spade-v4")
+
+
+def test_tpu_pod_defaults_and_forwarded_help():
+    proc = launch("tpu_pod.sh", "--name", "p", "--zone", "z", "--accelerator", "v4-8", "--dry-run", "--", "--help")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "gcloud compute tpus tpu-vm create p --zone=z --accelerator-type=v4-8 --version=tpu-ubuntu2204-base "
+    assert "spade_jax.main\\ --help\\ --workdir=../spade_runs/p\\ \\>" in lines[4]
+    assert "model" not in lines[3]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "p", "--zone", "z", "--dry-run"], "are required"),
+    (["--name", "--zone=z", "--accelerator=v4-8", "--dry-run"], "--name needs a value"),
+    (["--name=p", "--zone=z", "--accelerator"], "--accelerator needs a value"),
+    (["--name=p", "--zone=z", "--accelerator=v4-8", "--dry-run", "--config=x"], "unknown option --config=x"),
+    (["--name=p", "--zone=z", "--accelerator=v4-8", "--dry-run", "--spot=1"], "unknown option --spot=1"),
+])
+def test_tpu_pod_refusals(args, message):
+    proc = launch("tpu_pod.sh", *args)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
+
+
+def test_multiprocess_forwards_flags_to_every_process(fake_python):
+    env, calls = fake_python
+    flags = ["--config=configs/tiny.py:runlocal", "--workdir", "/tmp/mp", "--config.rl.lr=1e-5"]
+    proc = launch("multiprocess_cpu.sh", "2", *flags, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = sorted(calls(), key=lambda c: c["process"])
+    assert [(c["process"], c["num"], c["argv"]) for c in got] == [
+        ("0", "2", ["-m", "spade_jax.main", *flags]), ("1", "2", ["-m", "spade_jax.main", *flags])]
+
+
+@pytest.mark.parametrize("num", [[], ["0"], ["two"], ["--config=configs/tiny.py"]])
+def test_multiprocess_needs_a_process_count(num, fake_python):
+    env, calls = fake_python
+    proc = launch("multiprocess_cpu.sh", *num, env=env)
+    assert proc.returncode == 2 and "NUM_PROCESSES" in proc.stderr
+    assert calls() == []
+
+
+@pytest.mark.parametrize("args,workdir", [
+    ([], ["--workdir=workdirs/tiny"]),
+    (["--workdir=/tmp/a"], []),
+    (["--workdir", "/tmp/a"], []),
+])
+def test_run_local_forwards_flags_and_defaults_the_workdir(args, workdir, fake_python):
+    env, calls = fake_python  # setup_env.sh's pip installs go to the fake python too
+    flags = ["--config=configs/tiny.py:runlocal", *args, "--config.rl.lr", "1e-5"]
+    proc = launch("run_local.sh", *flags, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert calls()[-1]["argv"] == ["-m", "spade_jax.main", *flags, *workdir]
+    assert all(c["argv"][:2] == ["-m", "pip"] for c in calls()[:-1])
