@@ -38,8 +38,8 @@ from spade_jax.envs import library  # noqa: E402
 from spade_jax.sampling import generate  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
-from spade_jax.selfplay import bootstrap  # noqa: E402
-from spade_jax.selfplay import bootstrap_data as data  # noqa: E402
+from spade_jax.bootstrap import build as bootstrap  # noqa: E402
+from spade_jax.bootstrap import data  # noqa: E402
 
 
 def _rss_mb(who=resource.RUSAGE_SELF) -> float:

@@ -4,7 +4,7 @@
     python -m spade_jax.main --config=configs/tiny.py --workdir=workdirs/tiny
     python -m spade_jax.main --config=configs/tiny.py:runlocal --workdir=/tmp/tiny_smoke
 
-The first run trains the bootstrap (`spade_jax/selfplay/bootstrap.py`: a SentencePiece
+The first run trains the bootstrap (`spade_jax/bootstrap/`: a SentencePiece
 tokenizer and a small Llama-family model trained from scratch on renderings of the seed
 library and on solution transcripts) and caches it under `bootstrap.cache_dir` (default:
 `<workdir>/bootstrap`; point several runs at one directory to train it once). Later runs
@@ -19,7 +19,7 @@ Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
 
 import ml_collections
 
-from spade_jax.selfplay.bootstrap import BootstrapConfig
+from spade_jax.bootstrap import BootstrapConfig
 from spade_jax.selfplay.config import base_config, parse_arg
 
 # The minute-sized bootstrap of `runlocal`: enough to exercise every stage, not to design.

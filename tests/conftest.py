@@ -56,7 +56,7 @@ def tiny_bootstrap_cache(tmp_path_factory) -> Path:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from configs import tiny
-    from spade_jax.selfplay.bootstrap import BootstrapConfig, bootstrap_policy
+    from spade_jax.bootstrap import BootstrapConfig, bootstrap_policy
 
     cache = tmp_path_factory.mktemp("tiny_bootstrap")
     bootstrap_policy(cache, BootstrapConfig(**tiny.RUNLOCAL_BOOTSTRAP), progress=False)

@@ -17,8 +17,8 @@ from spade_jax.envs import library
 from spade_jax.models.tokenizer import IM_END, SentencePieceTokenizer, render_chatml
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
-from spade_jax.selfplay import bootstrap
-from spade_jax.selfplay import bootstrap_data as data
+from spade_jax.bootstrap import build as bootstrap
+from spade_jax.bootstrap import data
 
 TINY = bootstrap.BootstrapConfig(
     num_programs=12, agent_seeds=1, vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=1,

@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from spade_jax.envs import library
-from spade_jax.envs.library import variants
+from spade_jax.bootstrap import variants
 from spade_jax.sandbox.similarity import code_similarity, fingerprint, jaccard
 
 PROBES = ["", "junk", "\\boxed{1}", "\\boxed{A}", "\\boxed{up}", "\\boxed{flip 1}", "\\boxed{answer 1 2}",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,7 +31,7 @@ from spade_jax.models.sharding import TRAIN_RULES, Rules, make_mesh, param_shard
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float64")  # float64: exact-arithmetic checks, needs jax_enable_x64
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen3")
-_PROGRESS_MIN_BYTES = 100_000_000  # show a progress bar (on a tty) from this many parameter bytes
+_PROGRESS_MIN_BYTES = 100_000_000  # report loading progress from this many parameter bytes
 
 
 class CheckpointError(ValueError):
@@ -348,35 +347,50 @@ def _check(checkpoint: _Checkpoint, targets: list[_Target], config: ModelConfig,
         )
 
 
-def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.State:
-    """Reads, converts and places every parameter on its sharding; returns the model state."""
-    from tqdm.auto import tqdm
+def place_params(config: ModelConfig, mesh: Mesh, rules: Rules, read: Callable[[tuple], np.ndarray], *,
+                 progress: bool = False) -> nnx.Module:
+    """The model for ``config`` with every parameter read from the host and placed on its sharding.
 
-    _, state = abstract_model(config)
+    ``read(path)`` returns the host array of the parameter at ``path`` (its key path in the
+    model's state, e.g. ``("layers", 0, "attn", "q", "kernel")``); it is cast to the
+    parameter dtype and must have the parameter's shape. One parameter is held on the host
+    at a time. Pretrained checkpoints and the bootstrap's cache load through this.
+    """
+    from spade_jax.progress import progress_bar
+
+    graphdef, state = abstract_model(config)
     shardings = nnx.to_pure_dict(param_shardings(state, mesh, rules))
-    abstract = nnx.to_pure_dict(state)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
     dtype = jnp.dtype(config.param_dtype)
-    total = sum(config.num_layers if t.per_layer else 1 for t in targets)
-    show = progress and sys.stderr.isatty() and config.num_params * dtype.itemsize >= _PROGRESS_MIN_BYTES
-    values: dict = {}
-    with tqdm(total=total, desc="loading weights", unit="tensor", disable=not show, leave=False) as bar:
-        for t in targets:
-            template = checkpoint.names[t.role]
-            for path, layer in t.paths(config.num_layers):
-                shape = tuple(_lookup(abstract, path).shape)
-                host = np.array(t.convert(checkpoint.read(template.format(i=layer))), dtype=dtype)
-                assert host.shape == shape, (path, host.shape, shape)
-                array = jax.make_array_from_callback(shape, _lookup(shardings, path), lambda idx: host[idx])
-                node = values
-                for key in path[:-1]:
-                    node = node.setdefault(key, {})
-                node[path[-1]] = array
-                del host
-                bar.update()
-    if _flat_keys(values) != _flat_keys(abstract):
-        raise AssertionError(f"loader targets {_flat_keys(values)} != model parameters {_flat_keys(abstract)}")
-    nnx.replace_by_pure_dict(state, values)
-    return state
+    show = progress and config.num_params * dtype.itemsize >= _PROGRESS_MIN_BYTES
+    arrays = []
+    with progress_bar(len(leaves), "loading weights", unit="tensor", enabled=show, leave=False) as bar:
+        for key_path, leaf in leaves:
+            path = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in key_path)
+            host = np.asarray(read(path), dtype=dtype)
+            if host.shape != tuple(leaf.shape):
+                raise CheckpointError(f"parameter {'/'.join(map(str, path))}: shape {host.shape}, "
+                                      f"the model wants {tuple(leaf.shape)}")
+            arrays.append(jax.make_array_from_callback(host.shape, _lookup(shardings, path), lambda idx, h=host: h[idx]))
+            del host
+            bar.update()
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, arrays))
+    return nnx.merge(graphdef, state)
+
+
+def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.Module:
+    """Reads, converts and places every checkpoint tensor the targets name."""
+    sources = {path: (t, layer) for t in targets for path, layer in t.paths(config.num_layers)}
+    _, state = abstract_model(config)
+    wanted = _flat_keys(nnx.to_pure_dict(state))
+    if set(sources) != wanted:
+        raise AssertionError(f"loader targets {sorted(map(str, sources))} != model parameters {sorted(map(str, wanted))}")
+
+    def read(path):
+        target, layer = sources[path]
+        return target.convert(checkpoint.read(checkpoint.names[target.role].format(i=layer)))
+
+    return place_params(config, mesh, rules, read, progress=progress)
 
 
 def _lookup(tree: dict, path: tuple):
@@ -409,8 +423,8 @@ def load_pretrained(
     "bfloat16", or "float64" for exact-arithmetic checks under JAX_ENABLE_X64) is the
     compute dtype and, unless `param_dtype` says otherwise (float32 master weights with
     bfloat16 compute, say), the parameter dtype. With `tokenizer=False`, or for a
-    directory without tokenizer files, `policy.tokenizer` is None. A progress bar is
-    shown for big checkpoints when stderr is a terminal and `progress` is true.
+    directory without tokenizer files, `policy.tokenizer` is None. Big checkpoints show
+    their progress when `progress` is true.
     """
     start = time.perf_counter()
     path = Path(path)
@@ -436,9 +450,7 @@ def load_pretrained(
     targets = _targets(config)
     _check(checkpoint, targets, config, path)
     opened = time.perf_counter()
-    state = _place(checkpoint, targets, config, mesh, rules, progress)
-    graphdef, _ = abstract_model(config)
-    model = nnx.merge(graphdef, state)
+    model = _place(checkpoint, targets, config, mesh, rules, progress)
     placed = time.perf_counter()
     tok = _load_tokenizer(path) if tokenizer else None
     logging.info(

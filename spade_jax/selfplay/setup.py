@@ -53,7 +53,7 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
 
 def bootstrap_config(c: ml_collections.ConfigDict):
     """`config.bootstrap` (less `cache_dir`) as a `BootstrapConfig`; ValueError names a bad field."""
-    from spade_jax.selfplay.bootstrap import BootstrapConfig
+    from spade_jax.bootstrap import BootstrapConfig
 
     if "bootstrap" not in c:
         raise ValueError("config.bootstrap: model.source='bootstrap' needs a bootstrap section (see configs/tiny.py)")
@@ -69,7 +69,7 @@ def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Po
     import jax
     from jax.experimental import multihost_utils
 
-    from spade_jax.selfplay.bootstrap import bootstrap_policy, cache_path, load_bootstrap
+    from spade_jax.bootstrap import bootstrap_policy, cache_path, load_bootstrap
 
     cfg = bootstrap_config(c)
     cache_dir = os.path.expanduser(c.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))

@@ -1,7 +1,7 @@
 """The tiny preset's bootstrap: a small policy, trained from scratch on this CPU, that knows the contract.
 
 A randomly initialised model writes no valid programs, so the CPU preset starts from a
-policy trained once on the seed library (`bootstrap_data`):
+policy trained once on the seed library (`bootstrap.data`):
 
 1. render ``num_programs`` structural variants of seed programs and keep those that pass
    all seven admission stages against the seed sources (the iteration-0 archive);
@@ -47,14 +47,15 @@ from spade_jax.designer.prompts import designer_answer
 from spade_jax.designer.rollout import slot_messages
 from spade_jax.envs import library
 from spade_jax.models import ModelConfig, Policy, SentencePieceTokenizer, make_mesh
-from spade_jax.models.policy import abstract_model, init_model
-from spade_jax.models.sharding import TRAIN_RULES, param_shardings
+from spade_jax.models.loading import place_params
+from spade_jax.models.policy import init_model
+from spade_jax.models.sharding import TRAIN_RULES
 from spade_jax.rl.batch import ROLE_IDS, TrainBatch, TrainSequence, pack
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
-from spade_jax.selfplay import bootstrap_data as data
-from spade_jax.selfplay.bootstrap_data import PromptConfig
+from spade_jax.bootstrap import data, variants
+from spade_jax.bootstrap.data import PromptConfig
 
 BOOTSTRAP_VERSION = "3"  # 2: parameters per layer (layers/{i}/...); 3: weights stored (out, in)
 TOKENIZER_SYMBOLS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "\\boxed{")
@@ -166,7 +167,7 @@ def cache_key(cfg: BootstrapConfig) -> str:
                  inspect.getsource(slot_messages)):
         h.update(b"\0" + text.encode())
     sources = sorted(Path(library.__file__).parent.glob("*.py"))
-    sources += [Path(module.__file__) for module in _RENDERING_MODULES + (data,)]
+    sources += [Path(module.__file__) for module in _RENDERING_MODULES + (data, variants)]
     sources += [Path(__file__), PACKAGED_CORPUS]
     for path in sources:
         h.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
@@ -196,17 +197,9 @@ def load_bootstrap(path: str | os.PathLike, mesh: Mesh | None = None) -> Policy:
     tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
     config = ModelConfig(**meta["model_config"])
     mesh = mesh or make_mesh((1, 1, 1), jax.local_devices()[:1])
-    graphdef, state = abstract_model(config)
-    shardings = nnx.to_pure_dict(param_shardings(state, mesh, TRAIN_RULES))
     with np.load(path / "params.npz") as saved:
-        host = {key: saved[key] for key in saved.files}
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shardings)
-    arrays = []
-    for key_path, sharding in leaves:
-        value = host[_key_name(key_path)]
-        arrays.append(jax.make_array_from_callback(value.shape, sharding, lambda index, v=value: v[index]))
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, arrays))
-    return Policy(nnx.merge(graphdef, state), config, tokenizer, mesh, TRAIN_RULES)
+        model = place_params(config, mesh, TRAIN_RULES, lambda key_path: saved["/".join(map(str, key_path))])
+    return Policy(model, config, tokenizer, mesh, TRAIN_RULES)
 
 
 def bootstrap_stats(path: str | os.PathLike) -> dict:

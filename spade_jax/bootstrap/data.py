@@ -3,7 +3,7 @@
 Designer examples are the prompts the self-play designer builds at iteration 0 (skill,
 difficulty, a document excerpt, exemplars drawn from a memory seeded with the library,
 rendered by `designer.prompts`) answered with a structural variant of one of that skill's
-seed programs (`envs.library.variants`), its knobs drawn from the difficulty's third of
+seed programs (`bootstrap.variants`), its knobs drawn from the difficulty's third of
 their ranges. Agent examples are solution transcripts: a conversation, token for token as
 `agent.conversation.Conversation` builds it, whose assistant turns are the environment's
 own `solution()` actions and whose observations come from really playing it in the
@@ -29,9 +29,9 @@ from spade_jax.designer.prompts import DIFFICULTIES, designer_answer
 from spade_jax.designer.rollout import DesignerConfig, slot_messages
 from spade_jax.envs import library
 from spade_jax.envs.contract import is_success
-from spade_jax.envs.library.variants import vary
 from spade_jax.rl.batch import TrainSequence
 from spade_jax.sandbox import EpisodeSpec, SandboxPool
+from spade_jax.bootstrap.variants import vary
 from spade_jax.sandbox.similarity import fingerprint, jaccard
 
 
