@@ -5,13 +5,16 @@ settings isolation needs are arguments) with a scrubbed environment and talks to
 frames (``protocol.py``) over the host's stdin/stdout. Start-up, in this order:
 
 1. preload numpy, the allowed stdlib modules and the worker code (pages workers share);
-2. switch to ``--uid`` when asked, create the pool cgroup when the machine allows;
+2. switch to ``--uid`` when asked, take the isolation plan (``isolation.choose_plan``:
+   what the kernel grants, under the demanded level), create the pool cgroup when the
+   machine allows;
 3. enter namespaces when granted (becoming init of a new PID namespace, so every worker
    dies with it), mount a procfs of its own, pivot into the private root;
 4. fork the zygote (``zygote.py``): the template every worker is forked from. It exists
    before the host has read its config or any request, so no worker can find them;
 5. only now read the ``SandboxConfig`` frame, tell the zygote how workers jail
-   themselves and answer with the ``IsolationReport`` (or refuse: ``strict``).
+   themselves (``isolation.build_jail``) and answer with the ``IsolationReport``
+   (``isolation.build_report``), or refuse (``strict``).
 
 Then it serves batched requests (start/step/solution/close/output/stats) in one
 single-threaded event loop:
@@ -24,8 +27,8 @@ single-threaded event loop:
   namespace, or process group without namespaces) is SIGKILLed; between calls every
   worker is stopped (SIGSTOP), so nothing it armed can run while nobody waits for it;
 * the pool budget: a cgroup where the machine has one, else the host sums its workers'
-  memory (resident growth) while calls run and kills the largest busy worker past the budget; without
-  a private tmpfs it also bounds each scratch directory's size the same way;
+  memory (resident growth) while calls run and kills the largest busy worker past the
+  budget; without a private tmpfs it also bounds each scratch directory's size the same way;
 * every worker message is checked here (``validate.py``) before anything goes back to the
   client, and any failure, including an error of the host's own code while handling a
   message, costs only the episode that caused it.
@@ -53,13 +56,12 @@ import tempfile
 import time
 import traceback
 
-from spade_jax.sandbox import isolation, landlock, usage, zygote
+from spade_jax.sandbox import isolation, usage, zygote
 from spade_jax.sandbox.cgroups import PoolCgroup
 from spade_jax.sandbox.policy import ALLOWED_MODULES
 from spade_jax.sandbox.protocol import (FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame,
                                         write_all)
-from spade_jax.sandbox.records import (ISOLATION_LEVELS, PROTECTIONS, IsolationReport, SandboxConfig, SolutionResult,
-                                       StepResult)
+from spade_jax.sandbox.records import ISOLATION_LEVELS, SandboxConfig, SolutionResult, StepResult
 from spade_jax.sandbox.text import clean_text
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_message, check_reset,
                                         check_solution, check_step, clip_reward, unwrap)
@@ -72,83 +74,20 @@ _PRELOAD_EXTRA = ("numpy.random", "numpy.linalg", "numpy.fft", "numpy.polynomial
                   "numpy.rec", "numpy.strings", "numpy.exceptions", "numpy.dtypes", "numpy.lib.stride_tricks",
                   "numpy.lib.recfunctions", "_strptime", "spade_jax.envs.contract", "spade_jax.envs.tool_use")
 _OUTPUT_KEEP_BYTES = 16384
-_UID_SPAN = 1 << 16
 _EXIT_GRACE_S = 0.05
 _REAP_TIMEOUT_S = 10.0
 _SPAWN_TIMEOUT_S = 30.0
 _BUDGET_CHECK_S = 0.05
 _MAX_TURN_LIMIT = 1000
 _DEFAULT_TURN_LIMIT = 100
-_SCRATCH_INODES = 4096
 _SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
-_DEVICE_FILES = tuple(f"/dev/{node}" for node in isolation.DEV_NODES)
-
-
-@dataclasses.dataclass
-class _Plan:
-    """The isolation the host will set up, decided by probing before committing to it."""
-
-    namespaces: bool
-    user_namespace: bool = False
-    notes: list = dataclasses.field(default_factory=list)
-    error: str | None = None
-    uid_base: int | None = None
-    uid_lock: socket.socket | None = None
-
-
-def claim_uid_range() -> tuple[int, socket.socket]:
-    """A block of _UID_SPAN uids no other sandbox on this machine uses, for per-episode uids.
-
-    The claim is an abstract unix socket named after the block: bound while this process
-    (or its forked host) lives, released by the kernel when they exit, nothing on disk.
-    Must run in the machine's network namespace, i.e. before entering ours.
-    """
-    rng = random.SystemRandom()
-    for _ in range(256):
-        base = rng.randrange(0x4000, 0x7FFF) * _UID_SPAN
-        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            lock.bind(f"\0spade-sandbox-uids-{base:x}")
-        except OSError:
-            lock.close()
-            continue
-        lock.set_inheritable(False)
-        return base, lock
-    raise OSError("no free uid block for per-episode uids")
-
-
-def choose_isolation(level: str, user_namespace: bool | None) -> _Plan:
-    """Probes namespaces (unless disabled) and applies the demanded level; fails closed when asked."""
-    if level == "rlimits":
-        return _Plan(False, notes=["namespaces not requested (isolation='rlimits')"])
-    if os.environ.get("SPADE_SANDBOX_NO_NAMESPACES") == "1":
-        reason = "disabled by SPADE_SANDBOX_NO_NAMESPACES=1"
-    elif sys.platform != "linux":
-        reason = f"not Linux ({sys.platform})"
-    else:
-        order = [user_namespace] if user_namespace is not None else ([False, True] if os.geteuid() == 0 else [True])
-        attempts = []
-        for user_ns in order:
-            why = isolation.probe(user_ns)
-            if why is None:
-                return _Plan(True, user_namespace=user_ns)
-            attempts.append(f"{'with a user namespace' if user_ns else 'as root'}: {why}")
-        reason = "; ".join(attempts)
-    if level in ("namespaces", "strict"):
-        return _Plan(False, error=(
-            f"isolation={level!r} requires namespaces but they are not available ({reason}). "
-            "Run as root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
-            "on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), or accept weaker isolation "
-            "with SandboxConfig(isolation='auto')."))
-    return _Plan(False, notes=[f"namespaces unavailable ({reason}): workers share the host's network namespace "
-                               "and files (seccomp and Landlock still confine them)"])
 
 
 @dataclasses.dataclass
 class _Base:
     """What start-up built before the config was read: isolation, procfs, the zygote, the cgroup."""
 
-    plan: _Plan
+    plan: isolation.Plan
     proc_fd: int | None
     pidns_fd: int | None
     pool_dir: str | None
@@ -230,75 +169,11 @@ class Host:
         self.oom_kills_attributed = base.cgroup.oom_kills() if base.cgroup else 0
         self.next_budget_check = 0.0
         self.zygote_rss = (usage.rss_bytes(base.zygote_pid, base.proc_fd) or 0) if base.proc_fd is not None else 0
-        self.report = self._make_report()
-        self.jail = self._make_jail()
-
-    # --- report and jail ---------------------------------------------------------------------
-
-    def _make_report(self) -> IsolationReport:
-        base, plan, cfg = self.base, self.plan, self.cfg
-        notes = list(base.notes)
-        syscall_filter = isolation.probe_syscall_filter()
-        if not syscall_filter:
-            notes.append("no seccomp filter (unsupported architecture or kernel)")
-        ll = landlock.probe()
-        if not ll.get("filesystem"):
-            notes.append(f"Landlock unavailable ({ll.get('error') or 'kernel without Landlock'}): reads and writes "
-                         "outside the scratch directory rest on namespaces, uids and file permissions")
-        elif not (ll.get("tcp") and ll.get("scopes")):
-            notes.append(f"Landlock ABI {ll.get('abi')}: no TCP rules (needs 4) or no socket/signal scoping (needs 6)")
-        outer_root = base.outer_root
-        per_episode_uid = plan.uid_base is not None
-        process_limit = per_episode_uid or not outer_root
-        if plan.user_namespace:
-            notes.append("one uid for all episodes (only one uid is mapped in the user namespace); capabilities dropped")
-        if not process_limit:
-            notes.append("the process limit is not enforced for root's uid: fork is not blocked")
-        if base.cgroup is None:
-            notes.append(f"no pool cgroup ({base.cgroup_note}): " + (
-                "the host sums its workers' memory against the budget" if base.proc_fd is not None
-                else "no procfs either, so the pool memory budget is not enforced"))
-        if not plan.namespaces:
-            notes.append("scratch directories are on the host's disk; the host bounds their size after every call "
-                         "and while calls run")
-        self.rlimits = isolation.worker_rlimits(cfg.cpu_seconds, base.vm_bytes + cfg.memory_mb * (1 << 20),
-                                                cfg.disk_mb * (1 << 20), cfg.open_files, cfg.max_processes)
-        protections = {
-            "zygote": True, "idle_stop": True, "seccomp": syscall_filter,
-            "private_root": plan.namespaces, "pid_namespace": plan.namespaces,
-            "network_namespace": plan.namespaces, "ipc_namespace": plan.namespaces,
-            "per_episode_uid": per_episode_uid, "process_limit": process_limit,
-            "landlock_filesystem": bool(ll.get("filesystem")), "landlock_network": bool(ll.get("tcp")),
-            "landlock_scopes": bool(ll.get("scopes")),
-            "memory_cgroup": base.cgroup is not None, "pids_cgroup": base.cgroup is not None,
-            "scratch_tmpfs": plan.namespaces,
-        }
-        assert set(protections) == set(PROTECTIONS)
-        if base.cgroup is not None:
-            memory_by = processes_by = base.cgroup.describe()
-        else:
-            memory_by = ("host supervisor (sum of what each worker's resident set grew beyond the zygote's)"
-                         if base.proc_fd is not None else "not enforced")
-            processes_by = ("per-episode RLIMIT_NPROC" if process_limit else "not enforced") + \
-                f" x max_live_episodes={cfg.max_live_episodes}"
-        method = ("user-namespaces" if plan.user_namespace else "namespaces") if plan.namespaces else "rlimits"
-        return IsolationReport(
-            method=method, protections=protections,
-            rlimits={"cpu_s": cfg.cpu_seconds, "address_space_mb": self.rlimits[resource.RLIMIT_AS][0] >> 20,
-                     "file_size_mb": cfg.disk_mb, "open_files": cfg.open_files, "processes": cfg.max_processes},
-            budget={"memory_mb": cfg.pool_memory_mb, "memory_by": memory_by, "processes": cfg.pool_processes,
-                    "processes_by": processes_by, "episode_time_s": cfg.episode_time_s,
-                    "cgroup_paths": list(base.cgroup.paths) if base.cgroup is not None else []},
-            notes=tuple(notes))
-
-    def _make_jail(self) -> dict:
-        """How every worker confines itself (sent once to the zygote)."""
-        return {"namespaces": self.plan.namespaces, "rlimits": isolation.worker_rlimits_list(self.rlimits),
-                "scratch_bytes": self.cfg.disk_mb << 20, "scratch_inodes": _SCRATCH_INODES,
-                "landlock": self.report.protections["landlock_filesystem"], "read_paths": self.base.read_paths,
-                "device_files": [f for f in _DEVICE_FILES if os.path.exists(f)],
-                "syscall_filter": self.report.protections["seccomp"], "sys_path": self.base.sys_path,
-                "restrict_imports": self.cfg.restrict_imports, "max_message_bytes": self.cfg.max_message_bytes}
+        rlimits = isolation.config_rlimits(config, base.vm_bytes)
+        self.report = isolation.build_report(
+            base.plan, config, rlimits, notes=base.notes, outer_root=base.outer_root, cgroup=base.cgroup,
+            cgroup_note=base.cgroup_note, has_procfs=base.proc_fd is not None)
+        self.jail = isolation.build_jail(base.plan, config, self.report, rlimits, base.read_paths, base.sys_path)
 
     # --- request loop ------------------------------------------------------------------------
 
@@ -664,10 +539,10 @@ class Host:
     def _scratch_problem(self, ep: _Episode) -> str | None:
         if not ep.scratch_dir:
             return None
-        used, entries, truncated = usage.tree_usage(ep.scratch_dir, _SCRATCH_INODES)
+        used, entries, truncated = usage.tree_usage(ep.scratch_dir, isolation.SCRATCH_INODES)
         if used > self.cfg.disk_mb << 20 or truncated:
             return (f"scratch directory over its budget: {used >> 20} MB in {entries}{'+' if truncated else ''} "
-                    f"entries (disk_mb={self.cfg.disk_mb}, at most {_SCRATCH_INODES} entries)")
+                    f"entries (disk_mb={self.cfg.disk_mb}, at most {isolation.SCRATCH_INODES} entries)")
         return None
 
     def _read_channel(self, ep: _Episode) -> None:
@@ -900,8 +775,8 @@ class Host:
         if proc is None:
             return []
         live = set(self.by_pid) | {self.base.zygote_pid, os.getpid()}
-        uid_range = range(self.plan.uid_base, self.plan.uid_base + _UID_SPAN) if self.plan.uid_base is not None \
-            else range(0)
+        base_uid = self.plan.uid_base
+        uid_range = range(base_uid, base_uid + isolation.UID_SPAN) if base_uid is not None else range(0)
         strays = []
         for name in os.listdir(proc):
             if not name.isdigit() or int(name) in live:
@@ -936,41 +811,6 @@ def _describe_exit(status: int | None) -> str:
     return f"the worker exited with code {os.WEXITSTATUS(status)}"
 
 
-def _vm_size_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("VmSize not found in /proc/self/status")
-
-
-def _outer_uid_is_root() -> bool:
-    with open("/proc/self/uid_map") as f:
-        first = f.read().split()
-    return len(first) >= 2 and first[1] == "0"
-
-
-def _runtime_dirs() -> list[str]:
-    """What the preloaded interpreter needs: stdlib, numpy, and the directories of loaded libraries.
-
-    Never the interpreter's site-packages as a whole (only numpy from it).
-    """
-    paths = sysconfig.get_paths()
-    site = {os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])}
-    dirs = {paths["stdlib"]}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        package = os.path.dirname(numpy.__file__)
-        dirs.update({package, package + ".libs"})
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split(maxsplit=5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith("/") and ".so" in os.path.basename(path):
-                dirs.add(os.path.dirname(path))
-    return [d for d in dirs if os.path.realpath(d) not in site]
-
-
 def _preload() -> None:
     """Imports everything a worker may use, so workers share the pages and never need the filesystem."""
     codecs = [f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__)]
@@ -995,14 +835,15 @@ def _drop_privileges(uid: int, gid: int) -> None:
     isolation.prctl(isolation.PR_SET_DUMPABLE, 1)
 
 
-def _build_base(plan: _Plan, cgroup: PoolCgroup | None, cgroup_note: str, client_fds: tuple[int, ...]) -> _Base:
+def _build_base(plan: isolation.Plan, cgroup: PoolCgroup | None, cgroup_note: str,
+                client_fds: tuple[int, ...]) -> _Base:
     """Everything before the config: fds, the private root (or a private dir), the zygote."""
     notes = list(plan.notes)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    read_paths = isolation.minimal_bind_dirs(_runtime_dirs())
-    vm_bytes = _vm_size_bytes()
-    outer_root = os.geteuid() == 0 and (not plan.user_namespace or _outer_uid_is_root())
+    read_paths = isolation.minimal_bind_dirs(isolation.runtime_dirs())
+    vm_bytes = isolation.vm_size_bytes()
+    outer_root = os.geteuid() == 0 and (not plan.user_namespace or isolation.outer_uid_is_root())
     pool_dir = None
     if plan.namespaces:
         pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -1090,11 +931,9 @@ def main() -> None:
     if options.uid is not None:
         _drop_privileges(options.uid, options.gid if options.gid is not None else options.uid)
     user_ns = {"auto": None, "yes": True, "no": False}[options.user_namespace]
-    plan = choose_isolation(options.isolation, user_ns)
+    plan = isolation.choose_plan(options.isolation, user_ns)
     if plan.error:
         _refuse(reply_fd, plan.error, "isolation", 3)
-    if os.geteuid() == 0 and not plan.user_namespace:
-        plan.uid_base, plan.uid_lock = claim_uid_range()
     cgroup, cgroup_note = PoolCgroup.create(options.pool_memory_mb << 20, options.pool_processes,
                                             f"spade-sandbox-{os.getpid()}-{random.SystemRandom().getrandbits(32):08x}")
     if plan.namespaces:
@@ -1114,9 +953,9 @@ def main() -> None:
     except Exception as err:
         traceback.print_exc(file=sys.stderr)
         _refuse(reply_fd, f"sandbox host setup failed: {err}", "fatal", 4)
-    if options.isolation == "strict" and host.report.missing:
-        _refuse(reply_fd, "isolation='strict' but these protections are not in force: "
-                          f"{', '.join(host.report.missing)} ({'; '.join(host.report.notes)})", "isolation", 3)
+    refusal = isolation.refusal(options.isolation, host.report)
+    if refusal:
+        _refuse(reply_fd, refusal, "isolation", 3)
     write_all(reply_fd, encode_frame({"ok": True, "isolation": host.report.to_dict()}))
     try:
         host.serve()

@@ -1,6 +1,19 @@
-"""Kernel isolation for the sandbox host and its workers: namespaces, a private root, the worker jail.
+"""Kernel isolation for the sandbox host and its workers: the plan, namespaces, a private root, the jail.
 
 Linux only; raw syscalls through ctypes (Python 3.11 has no os.unshare/os.setns).
+
+The plan (last section of this file) is decided before the host commits to anything:
+
+* ``choose_plan`` applies the demanded level (``auto``, ``strict``, ``namespaces``,
+  ``rlimits``) to what ``probe`` finds the kernel grants (the whole namespace setup, tried
+  in a throwaway child) and, as root, claims a block of per-episode uids; ``namespaces``
+  and ``strict`` fail closed without namespaces;
+* ``build_report`` turns the plan, what the host built (pool cgroup, procfs) and what
+  seccomp and Landlock grant here into the ``IsolationReport``; ``refusal`` is ``strict``'s
+  verdict on that report;
+* ``build_jail`` describes how every worker confines itself (``jail_worker``).
+
+The host (``host.py``) carries the plan out with the mechanisms here:
 
 * The host enters new mount, network, IPC, UTS and PID namespaces (plus a user namespace
   when not root), becomes init of that PID namespace, mounts a procfs of its own (kept as
@@ -15,21 +28,26 @@ Linux only; raw syscalls through ctypes (Python 3.11 has no os.unshare/os.setns)
   (``landlock.py``) and finally installs the seccomp filter (``seccomp.py``).
   Without namespaces the same jail runs minus the namespace steps, on a private scratch
   directory of the host's disk.
-* ``probe`` tries the namespace setup in a throwaway child first, so the host only
-  commits to namespaces the kernel actually grants.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import platform
+import random
 import resource
 import signal
+import socket
+import sys
+import sysconfig
 
 from spade_jax.sandbox import landlock, seccomp
+from spade_jax.sandbox.records import PROTECTIONS, IsolationReport, SandboxConfig
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -353,3 +371,199 @@ def _drop_bounding_set(strict: bool) -> None:
             if strict or err != errno.EPERM:
                 _check(-1, "drop bounding capability")
             return
+
+
+# --- planning: what the kernel grants, the level, the report and the jail ----------------------
+
+UID_SPAN = 1 << 16
+SCRATCH_INODES = 4096
+DEVICE_FILES = tuple(f"/dev/{node}" for node in DEV_NODES)
+
+
+@dataclasses.dataclass
+class Plan:
+    """The isolation the host will set up, decided by probing before committing to it."""
+
+    namespaces: bool
+    user_namespace: bool = False
+    notes: list = dataclasses.field(default_factory=list)
+    error: str | None = None
+    uid_base: int | None = None
+    uid_lock: socket.socket | None = None  # kept open: the claim on the uid block lasts while it does
+
+
+def claim_uid_range() -> tuple[int, socket.socket]:
+    """A block of UID_SPAN uids no other sandbox on this machine uses, for per-episode uids.
+
+    The claim is an abstract unix socket named after the block: bound while this process
+    (or its forked host) lives, released by the kernel when they exit, nothing on disk.
+    Must run in the machine's network namespace, i.e. before entering ours.
+    """
+    rng = random.SystemRandom()
+    for _ in range(256):
+        base = rng.randrange(0x4000, 0x7FFF) * UID_SPAN
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(f"\0spade-sandbox-uids-{base:x}")
+        except OSError:
+            lock.close()
+            continue
+        lock.set_inheritable(False)
+        return base, lock
+    raise OSError("no free uid block for per-episode uids")
+
+
+def choose_plan(level: str, user_namespace: bool | None) -> Plan:
+    """Probes namespaces (unless disabled) and applies the demanded level; fails closed when asked
+    (``Plan.error``). As root outside a user namespace it also claims a block of per-episode uids."""
+    plan = _choose_namespaces(level, user_namespace)
+    if plan.error is None and os.geteuid() == 0 and not plan.user_namespace:
+        plan.uid_base, plan.uid_lock = claim_uid_range()
+    return plan
+
+
+def _choose_namespaces(level: str, user_namespace: bool | None) -> Plan:
+    if level == "rlimits":
+        return Plan(False, notes=["namespaces not requested (isolation='rlimits')"])
+    if os.environ.get("SPADE_SANDBOX_NO_NAMESPACES") == "1":
+        reason = "disabled by SPADE_SANDBOX_NO_NAMESPACES=1"
+    elif sys.platform != "linux":
+        reason = f"not Linux ({sys.platform})"
+    else:
+        order = [user_namespace] if user_namespace is not None else ([False, True] if os.geteuid() == 0 else [True])
+        attempts = []
+        for user_ns in order:
+            why = probe(user_ns)
+            if why is None:
+                return Plan(True, user_namespace=user_ns)
+            attempts.append(f"{'with a user namespace' if user_ns else 'as root'}: {why}")
+        reason = "; ".join(attempts)
+    if level in ("namespaces", "strict"):
+        return Plan(False, error=(
+            f"isolation={level!r} requires namespaces but they are not available ({reason}). "
+            "Run as root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; "
+            "on Ubuntu 24.04 also kernel.apparmor_restrict_unprivileged_userns=0), or accept weaker isolation "
+            "with SandboxConfig(isolation='auto')."))
+    return Plan(False, notes=[f"namespaces unavailable ({reason}): workers share the host's network namespace "
+                              "and files (seccomp and Landlock still confine them)"])
+
+
+def outer_uid_is_root() -> bool:
+    """Whether the caller's uid 0 is root outside its user namespace too."""
+    with open("/proc/self/uid_map") as f:
+        first = f.read().split()
+    return len(first) >= 2 and first[1] == "0"
+
+
+def vm_size_bytes() -> int:
+    """The caller's address space now: workers get RLIMIT_AS on top of what they inherit."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("VmSize not found in /proc/self/status")
+
+
+def runtime_dirs() -> list[str]:
+    """What the preloaded interpreter needs: stdlib, numpy, and the directories of loaded libraries.
+
+    Never the interpreter's site-packages as a whole (only numpy from it).
+    """
+    paths = sysconfig.get_paths()
+    site = {os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])}
+    dirs = {paths["stdlib"]}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        package = os.path.dirname(numpy.__file__)
+        dirs.update({package, package + ".libs"})
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith("/") and ".so" in os.path.basename(path):
+                dirs.add(os.path.dirname(path))
+    return [d for d in dirs if os.path.realpath(d) not in site]
+
+
+def config_rlimits(config: SandboxConfig, vm_bytes: int) -> dict[int, tuple[int, int]]:
+    """``worker_rlimits`` for ``config``; the address space is ``memory_mb`` on top of ``vm_bytes``."""
+    return worker_rlimits(config.cpu_seconds, vm_bytes + config.memory_mb * (1 << 20),
+                          config.disk_mb * (1 << 20), config.open_files, config.max_processes)
+
+
+def build_report(plan: Plan, config: SandboxConfig, rlimits: dict, *, notes: list, outer_root: bool,
+                 cgroup, cgroup_note: str, has_procfs: bool) -> IsolationReport:
+    """The protections in force: ``plan`` plus what the host built (``cgroup``: the pool cgroup
+    or None, ``has_procfs``: the host reads its workers' /proc) and what seccomp and Landlock
+    grant here (probed in throwaway children)."""
+    notes = list(notes)
+    syscall_filter = probe_syscall_filter()
+    if not syscall_filter:
+        notes.append("no seccomp filter (unsupported architecture or kernel)")
+    ll = landlock.probe()
+    if not ll.get("filesystem"):
+        notes.append(f"Landlock unavailable ({ll.get('error') or 'kernel without Landlock'}): reads and writes "
+                     "outside the scratch directory rest on namespaces, uids and file permissions")
+    elif not (ll.get("tcp") and ll.get("scopes")):
+        notes.append(f"Landlock ABI {ll.get('abi')}: no TCP rules (needs 4) or no socket/signal scoping (needs 6)")
+    per_episode_uid = plan.uid_base is not None
+    process_limit = per_episode_uid or not outer_root
+    if plan.user_namespace:
+        notes.append("one uid for all episodes (only one uid is mapped in the user namespace); capabilities dropped")
+    if not process_limit:
+        notes.append("the process limit is not enforced for root's uid: fork is not blocked")
+    if cgroup is None:
+        notes.append(f"no pool cgroup ({cgroup_note}): " + (
+            "the host sums its workers' memory against the budget" if has_procfs
+            else "no procfs either, so the pool memory budget is not enforced"))
+    if not plan.namespaces:
+        notes.append("scratch directories are on the host's disk; the host bounds their size after every call "
+                     "and while calls run")
+    protections = {
+        "zygote": True, "idle_stop": True, "seccomp": syscall_filter,
+        "private_root": plan.namespaces, "pid_namespace": plan.namespaces,
+        "network_namespace": plan.namespaces, "ipc_namespace": plan.namespaces,
+        "per_episode_uid": per_episode_uid, "process_limit": process_limit,
+        "landlock_filesystem": bool(ll.get("filesystem")), "landlock_network": bool(ll.get("tcp")),
+        "landlock_scopes": bool(ll.get("scopes")),
+        "memory_cgroup": cgroup is not None, "pids_cgroup": cgroup is not None,
+        "scratch_tmpfs": plan.namespaces,
+    }
+    assert set(protections) == set(PROTECTIONS)
+    if cgroup is not None:
+        memory_by = processes_by = cgroup.describe()
+    else:
+        memory_by = ("host supervisor (sum of what each worker's resident set grew beyond the zygote's)"
+                     if has_procfs else "not enforced")
+        processes_by = ("per-episode RLIMIT_NPROC" if process_limit else "not enforced") + \
+            f" x max_live_episodes={config.max_live_episodes}"
+    method = ("user-namespaces" if plan.user_namespace else "namespaces") if plan.namespaces else "rlimits"
+    return IsolationReport(
+        method=method, protections=protections,
+        rlimits={"cpu_s": config.cpu_seconds, "address_space_mb": rlimits[resource.RLIMIT_AS][0] >> 20,
+                 "file_size_mb": config.disk_mb, "open_files": config.open_files,
+                 "processes": config.max_processes},
+        budget={"memory_mb": config.pool_memory_mb, "memory_by": memory_by, "processes": config.pool_processes,
+                "processes_by": processes_by, "episode_time_s": config.episode_time_s,
+                "cgroup_paths": list(cgroup.paths) if cgroup is not None else []},
+        notes=tuple(notes))
+
+
+def refusal(level: str, report: IsolationReport) -> str | None:
+    """Why ``level`` refuses to run under ``report``, or None (only ``strict`` asks for every protection)."""
+    if level == "strict" and report.missing:
+        return ("isolation='strict' but these protections are not in force: "
+                f"{', '.join(report.missing)} ({'; '.join(report.notes)})")
+    return None
+
+
+def build_jail(plan: Plan, config: SandboxConfig, report: IsolationReport, rlimits: dict, read_paths: list,
+               sys_path: list) -> dict:
+    """How every worker confines itself (``jail_worker``), plus the two runtime settings it
+    needs; the host sends it once to the zygote."""
+    return {"namespaces": plan.namespaces, "rlimits": worker_rlimits_list(rlimits),
+            "scratch_bytes": config.disk_mb << 20, "scratch_inodes": SCRATCH_INODES,
+            "landlock": report.protections["landlock_filesystem"], "read_paths": read_paths,
+            "device_files": [f for f in DEVICE_FILES if os.path.exists(f)],
+            "syscall_filter": report.protections["seccomp"], "sys_path": sys_path,
+            "restrict_imports": config.restrict_imports, "max_message_bytes": config.max_message_bytes}
