@@ -1,10 +1,26 @@
-"""Sandbox: runs untrusted environment programs in isolated worker processes.
+"""Sandbox: runs untrusted environment programs (written by the designer model) in jailed processes.
 
-Generated code never runs in the trainer process nor in any process that imported JAX:
-``SandboxPool`` starts a JAX-free host process (``host.py``) that forks one jailed worker
-per episode (``isolation.py``, ``worker.py``) and checks everything the workers report
-(``validate.py``). ``admission.py`` runs the staged admission of new programs on top.
-Standard library (+ numpy in workers) only.
+The chain, from the trusted side inwards:
+
+* trainer: holds a ``SandboxPool`` (``pool.py``), the client. It never runs environment
+  code and talks in frames (``protocol.py``) to
+* the host (``host.py``), a JAX-free supervisor process. It decides the isolation plan
+  (``isolation.py``), enters namespaces and a private root, keeps the pool's memory and
+  process budget (a cgroup, ``cgroups.py``, else its own measurements, ``usage.py``),
+  enforces deadlines, and checks every message workers send (``validate.py``, ``text.py``)
+  before anything goes back. It forks
+* the zygote (``zygote.py``), a clean preloaded template that never sees a config or a
+  request, which forks
+* one worker per episode (``worker.py``), which runs the program it was sent (and nothing
+  else reaches it) inside the jail: init of its own PID namespace, its own mount, network
+  and IPC namespaces, a size-limited scratch tmpfs, rlimits, its own uid (or no
+  capabilities), Landlock (``landlock.py``), then a seccomp filter (``seccomp.py``).
+
+Each layer is applied where the kernel grants it; ``IsolationReport`` says which are in
+force (``isolation="strict"`` refuses to start without all of them). On top:
+``policy.py`` (the static import policy), ``admission.py`` (staged admission of new
+programs), ``admit.py`` / ``play.py`` (command lines). Standard library (+ numpy in
+workers) only.
 """
 
 from spade_jax.sandbox.isolation import IsolationUnavailable
