@@ -225,8 +225,7 @@ def _close_fds(fds) -> None:
 class PoolCgroup:
     """A child cgroup holding every process of the sandbox, with one memory and one pids limit.
 
-    Create with ``PoolCgroup.create``; processes join by writing ``b"0"`` to each of
-    ``join_fds()`` (one per hierarchy: two on v1, one on v2) or through ``join(pid)``. The
+    Create with ``PoolCgroup.create``; processes join through ``join(pid)``. The
     caller itself should not join (``kill_all`` spares the calling process, and its
     directories cannot be removed while it is inside). Every method works through the
     directory fds opened in ``create``. The fds are O_CLOEXEC but survive fork: a forked
@@ -425,11 +424,6 @@ class PoolCgroup:
         return sorted(set(out))
 
     # ---------------------------------------------------------------- membership
-    def join_fds(self) -> list[int]:
-        """O_WRONLY|O_CLOEXEC fds on each hierarchy's cgroup.procs; writing b"0" to each joins the writer."""
-        self._check_open()
-        return [d.procs_fd for d in self._dirs]
-
     def join(self, pid: int) -> None:
         """Moves process ``pid`` (in the caller's PID namespace; its whole thread group) into the pool."""
         self._check_open()
@@ -454,15 +448,6 @@ class PoolCgroup:
         self._check_open()
         name = "memory.usage_in_bytes" if self.version == 1 else "memory.current"
         return int(_read_text(name, self._memory.fd))
-
-    def memory_peak_bytes(self) -> int | None:
-        """High-water mark (v1 memory.max_usage_in_bytes; v2 memory.peak, None before Linux 5.19)."""
-        self._check_open()
-        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
-        try:
-            return int(_read_text(name, self._memory.fd))
-        except FileNotFoundError:
-            return None
 
     def oom_kills(self) -> int:
         """Processes the OOM killer killed in the pool so far (0 where the kernel does not count them)."""
@@ -558,7 +543,7 @@ class PoolCgroup:
     def __enter__(self) -> "PoolCgroup":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_) -> None:
         self.close()
 
     def _check_open(self) -> None:

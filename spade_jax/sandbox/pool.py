@@ -227,7 +227,7 @@ class SandboxPool:
     def __enter__(self) -> "SandboxPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_) -> None:
         self.close_all()
 
     # --- host channel ------------------------------------------------------------------------

@@ -4,8 +4,6 @@
 * ``tree_usage``: disk use of a directory tree (allocated blocks), bounded by an entry count.
 * ``sweep_owned``: removes what given uids left in shared directories (/tmp, /var/tmp,
   /dev/shm) once their processes are dead.
-* ``sysv_ipc_owned`` / ``remove_sysv_ipc``: SysV shared memory, semaphores and message
-  queues created or owned by given uids, which outlive their processes.
 
 Everything walks directories through fds (openat with O_NOFOLLOW, unlinkat), never follows a
 symlink, never crosses into another filesystem and never recurses in Python. Standard
@@ -14,7 +12,6 @@ library only (the host must stay JAX- and numpy-free).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import stat
@@ -25,8 +22,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _GONE = (errno.ENOENT, errno.ESRCH)
 # Directories kept open at once while walking; deeper levels are reopened through "..".
 _MAX_OPEN_DIRS = 64
-IPC_RMID = 0
-SYSV_KINDS = ("shm", "sem", "msg")
 
 
 def read_proc(pid: int, name: str, proc_fd: int | None) -> bytes | None:
@@ -242,79 +237,4 @@ def sweep_owned(directories: Sequence[str], uids: Container[int]) -> list[str]:
             pass          # the directory itself cannot be opened
         finally:
             walk.close()
-    return removed
-
-
-# ------------------------------------------------------------------ SysV IPC
-def sysv_ipc_owned(uids: Container[int], proc_fd: int | None = None) -> list[tuple[str, int]]:
-    """(kind, id) of the SysV objects ("shm", "sem", "msg") owned or created by one of ``uids``.
-
-    Read from /proc/sysvipc/{shm,sem,msg} (under ``proc_fd`` when given), which lists the
-    objects of the *reader's* IPC namespace. The creator uid counts as well as the owner: a
-    process may hand ownership of its segment to someone else with IPC_SET, not its creation.
-    """
-    found: list[tuple[str, int]] = []
-    for kind in SYSV_KINDS:
-        rel = f"sysvipc/{kind}"
-        try:
-            if proc_fd is None:
-                with open("/proc/" + rel, "rb") as f:
-                    raw = f.read()
-            else:
-                fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc_fd)
-                with os.fdopen(fd, "rb") as f:
-                    raw = f.read()
-        except FileNotFoundError:
-            continue
-        lines = raw.decode(errors="replace").splitlines()
-        if not lines:
-            continue
-        header = lines[0].split()
-        try:
-            id_col = header.index({"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind])
-            uid_col, cuid_col = header.index("uid"), header.index("cuid")
-        except ValueError:
-            continue
-        for line in lines[1:]:
-            fields = line.split()
-            if len(fields) <= max(id_col, uid_col, cuid_col):
-                continue
-            if int(fields[uid_col]) in uids or int(fields[cuid_col]) in uids:
-                found.append((kind, int(fields[id_col])))
-    return found
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _rmid(kind: str, ident: int) -> int:
-    if kind == "shm":
-        return _libc.shmctl(ctypes.c_int(ident), ctypes.c_int(IPC_RMID), ctypes.c_void_p(None))
-    if kind == "sem":
-        return _libc.semctl(ctypes.c_int(ident), ctypes.c_int(0), ctypes.c_int(IPC_RMID))
-    if kind == "msg":
-        return _libc.msgctl(ctypes.c_int(ident), ctypes.c_int(IPC_RMID), ctypes.c_void_p(None))
-    raise ValueError(f"unknown SysV IPC kind {kind!r}")
-
-
-def remove_sysv_ipc(objects: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-    """IPC_RMID on each (kind, id); returns those removed. Objects already gone are skipped;
-    after trying them all, the first other failure (e.g. EPERM) is raised as OSError.
-
-    A shared memory segment still attached somewhere is only marked for destruction (it
-    goes when the last process detaches), so kill the processes first.
-    """
-    removed: list[tuple[str, int]] = []
-    first_error: OSError | None = None
-    for kind, ident in objects:
-        if _rmid(kind, ident) == 0:
-            removed.append((kind, ident))
-            continue
-        err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.EIDRM):
-            continue
-        if first_error is None:
-            first_error = OSError(err, f"IPC_RMID {kind} {ident}: {os.strerror(err)}")
-    if first_error is not None:
-        raise first_error
     return removed
