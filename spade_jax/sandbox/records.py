@@ -236,18 +236,6 @@ class IsolationReport:
         return not self.missing
 
     @property
-    def network(self) -> str:
-        return "none" if self.protections.get("network_namespace") else "host"
-
-    @property
-    def filesystem(self) -> str:
-        return "private-root" if self.protections.get("private_root") else "host"
-
-    @property
-    def pid_namespace(self) -> bool:
-        return bool(self.protections.get("pid_namespace"))
-
-    @property
     def per_episode_uid(self) -> bool:
         return bool(self.protections.get("per_episode_uid"))
 
