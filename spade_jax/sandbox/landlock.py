@@ -61,6 +61,11 @@ ACCESS_NET_CONNECT_TCP = 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1  # ABI 6
 
+# Every filesystem right of ABI 1 (bits 0 to 12).
+ABI1_FS_RIGHTS = (ACCESS_FS_EXECUTE | ACCESS_FS_WRITE_FILE | ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR
+                  | ACCESS_FS_REMOVE_DIR | ACCESS_FS_REMOVE_FILE | ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_DIR
+                  | ACCESS_FS_MAKE_REG | ACCESS_FS_MAKE_SOCK | ACCESS_FS_MAKE_FIFO | ACCESS_FS_MAKE_BLOCK
+                  | ACCESS_FS_MAKE_SYM)
 # The only rights a rule on a non-directory may carry.
 FILE_RIGHTS = (ACCESS_FS_EXECUTE | ACCESS_FS_WRITE_FILE | ACCESS_FS_READ_FILE | ACCESS_FS_TRUNCATE
                | ACCESS_FS_IOCTL_DEV)
@@ -98,7 +103,7 @@ def handled_fs_rights(abi: int) -> int:
     """Every filesystem right ABI ``abi`` knows."""
     if abi < 1:
         return 0
-    rights = (1 << 13) - 1  # EXECUTE .. MAKE_SYM
+    rights = ABI1_FS_RIGHTS
     if abi >= 2:
         rights |= ACCESS_FS_REFER
     if abi >= 3:

@@ -27,8 +27,6 @@ DENIED_SUBMODULES: frozenset[str] = frozenset({
 ENV_PACKAGE_MODULES: frozenset[str] = frozenset({
     "spade_jax", "spade_jax.envs", "spade_jax.envs.contract", "spade_jax.envs.tool_use",
 })
-# Names predefined in every environment module's namespace.
-PREDEFINED_NAMES: tuple[str, ...] = ("ToolUseEnv", "extract_boxed", "SUCCESS_REWARD")
 # Built-in names and attributes an environment has no use for but a sandbox escape does.
 FORBIDDEN_NAMES: frozenset[str] = frozenset({
     "__import__", "__builtins__", "__subclasses__", "__globals__", "__code__",
@@ -102,11 +100,6 @@ def check_program(code: str, max_chars: int = 100_000,
         elif isinstance(node, ast.Attribute) and node.attr in forbidden_names:
             raise PolicyError(f"line {node.lineno}: use of attribute {node.attr!r} is not allowed")
     return tree
-
-
-def env_class_names(tree: ast.Module) -> list[str]:
-    """Top-level classes whose name ends in ``Env`` (the load stage checks there is exactly one)."""
-    return [n.name for n in tree.body if isinstance(n, ast.ClassDef) and n.name.endswith("Env")]
 
 
 def _refuse_import(module: str, node: ast.AST) -> None:
