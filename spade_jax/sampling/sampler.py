@@ -287,6 +287,20 @@ def _prefill(state, tokens_BT, positions_BT, segment_ids_BT, *, graphdef, cache_
     return logits_BV, cache
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _DecodeLoop:
+    """The carry of the decode `lax.while_loop`."""
+
+    step: jax.Array  # int32 scalar: tokens recorded per row so far, the column the next one goes to
+    cache: KVCache
+    last_B: jax.Array  # int32: each row's latest token, the next step's model input
+    tokens_BN: jax.Array  # int32: recorded tokens, pad id where a row was done
+    logprobs_BN: jax.Array  # float32: their log-probs, 0 where a row was done
+    lengths_B: jax.Array  # int32: tokens recorded while the row was active
+    done_B: jax.Array  # bool: the row has emitted a stop token (or is a padding row)
+
+
 def _decode(
     state, cache, logits_BV, prompt_lengths_B, done_B, row_ids_B, stops_S, seed,
     max_new_tokens, temperature, top_p, top_k, pad_id,
@@ -307,39 +321,42 @@ def _decode(
         tokens_B = select_tokens(logits_BV, step_keys_B, temperature, top_k, top_p, truncate=truncate)
         return tokens_B, token_logprobs(logits_BV, tokens_B)
 
-    def record(carry, step, tokens_B, logprobs_B):
-        tokens_BN, logprobs_BN, lengths_B, done_B = carry
-        active_B = ~done_B
+    def record(loop: _DecodeLoop, step, tokens_B, logprobs_B) -> _DecodeLoop:
+        """`loop` with the tokens chosen at `step` (and their log-probs) written for the active rows."""
+        active_B = ~loop.done_B
         tokens_BN = jax.lax.dynamic_update_slice(
-            tokens_BN, jnp.where(active_B, tokens_B, pad_id)[:, None], (0, step)
+            loop.tokens_BN, jnp.where(active_B, tokens_B, pad_id)[:, None], (0, step)
         )
         logprobs_BN = jax.lax.dynamic_update_slice(
-            logprobs_BN, jnp.where(active_B, logprobs_B, 0.0)[:, None], (0, step)
+            loop.logprobs_BN, jnp.where(active_B, logprobs_B, 0.0)[:, None], (0, step)
         )
-        lengths_B = lengths_B + active_B.astype(jnp.int32)
+        lengths_B = loop.lengths_B + active_B.astype(jnp.int32)
         hit_stop_B = jnp.any(tokens_B[:, None] == stops_S[None, :], axis=-1)
-        return tokens_BN, logprobs_BN, lengths_B, done_B | (active_B & hit_stop_B)
+        return dataclasses.replace(
+            loop, tokens_BN=tokens_BN, logprobs_BN=logprobs_BN, lengths_B=lengths_B,
+            done_B=loop.done_B | (active_B & hit_stop_B),
+        )
 
     with activation_sharding(mesh, rules):
-        outputs = (
-            jnp.full((B, num_new), pad_id, jnp.int32),
-            jnp.zeros((B, num_new), jnp.float32),
-            jnp.zeros((B,), jnp.int32),
-            done_B,
-        )
+        tokens_BN = jnp.full((B, num_new), pad_id, jnp.int32)
+        logprobs_BN = jnp.zeros((B, num_new), jnp.float32)
+        lengths_B = jnp.zeros((B,), jnp.int32)
         tokens_B, logprobs_B = choose(logits_BV, 0)
-        outputs = record(outputs, 0, tokens_B, logprobs_B)
+        loop = _DecodeLoop(
+            step=jnp.int32(1), cache=cache, last_B=tokens_B,
+            tokens_BN=tokens_BN, logprobs_BN=logprobs_BN, lengths_B=lengths_B, done_B=done_B,
+        )
+        loop = record(loop, 0, tokens_B, logprobs_B)
 
-        def cond(loop):
-            step, _, _, outputs = loop
-            return (step < max_new_tokens) & ~jnp.all(outputs[3])
+        def cond(loop: _DecodeLoop):
+            return (loop.step < max_new_tokens) & ~jnp.all(loop.done_B)
 
-        def body(loop):
-            step, cache, last_B, outputs = loop
-            positions_B1 = (prompt_lengths_B + step - 1)[:, None]
-            logits_B1V, cache = model(last_B[:, None], positions_B1, jnp.ones_like(positions_B1), cache)
-            tokens_B, logprobs_B = choose(logits_B1V[:, 0], step)
-            return step + 1, cache, tokens_B, record(outputs, step, tokens_B, logprobs_B)
+        def body(loop: _DecodeLoop) -> _DecodeLoop:
+            positions_B1 = (prompt_lengths_B + loop.step - 1)[:, None]
+            logits_B1V, cache = model(loop.last_B[:, None], positions_B1, jnp.ones_like(positions_B1), loop.cache)
+            tokens_B, logprobs_B = choose(logits_B1V[:, 0], loop.step)
+            advanced = dataclasses.replace(loop, step=loop.step + 1, cache=cache, last_B=tokens_B)
+            return record(advanced, loop.step, tokens_B, logprobs_B)
 
-        step, cache, _, outputs = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, tokens_B, outputs))
-    return (*outputs, step), cache
+        loop = jax.lax.while_loop(cond, body, loop)
+    return (loop.tokens_BN, loop.logprobs_BN, loop.lengths_B, loop.done_B, loop.step), loop.cache
