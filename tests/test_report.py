@@ -1,5 +1,6 @@
-"""Run reporting: metrics.jsonl + TensorBoard (with resume), the summary line, the env log
-and the HTML gallery (parsed with html.parser; hostile model text must stay escaped)."""
+"""Run reporting: metrics.jsonl + TensorBoard (with resume), the summary line and phase
+bars, the env log (typed entries) and the HTML gallery (parsed with html.parser; hostile
+model text must stay escaped)."""
 
 import html.parser
 import io
@@ -11,8 +12,9 @@ import struct
 import numpy as np
 import pytest
 
-from spade_jax.selfplay import gallery, report
-from spade_jax.selfplay.report import EnvLog, ExistingRunError, MetricsWriter
+from spade_jax import progress
+from spade_jax.selfplay import console, gallery, runlog
+from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry, ExistingRunError, MetricsWriter
 
 HOSTILE = '</pre><script>alert("x")</script><img src=x onerror=alert(1)>'
 
@@ -104,7 +106,7 @@ def _transcript(tag):
 
 def _record(iteration, slot, env_id, *, admitted=True, win=0.25, hinted=0.75, **kw):
     played = admitted and win is not None
-    rec = dict(
+    fields = dict(
         env_id=env_id, iteration=iteration, slot=slot, skill="logical deduction",
         difficulty="medium", doc_id=f"doc-{slot}", doc_excerpt=f"Document excerpt {slot} {HOSTILE}",
         code=f"class GuessEnv:\n    pass  # {env_id} {HOSTILE}\n", admitted=admitted,
@@ -117,8 +119,8 @@ def _record(iteration, slot, env_id, *, admitted=True, win=0.25, hinted=0.75, **
         hinted_transcript=_transcript(f"hinted-{env_id}-{iteration}") if admitted else None,
         hint=f"Try the middle first {HOSTILE}" if admitted else None, is_seed=False,
     )
-    rec.update(kw)
-    return rec
+    fields.update(kw)
+    return EnvLogEntry(**fields)
 
 
 FULL = {
@@ -144,7 +146,7 @@ def test_metrics_jsonl_values(tmp_path):
         {"iteration": 1, "a": 1.25},
     ]
     assert isinstance(rows[0]["b"], float)
-    assert report.read_metrics(tmp_path) == rows
+    assert runlog.read_metrics(tmp_path) == rows
 
 
 def test_metrics_reject_bad_values(tmp_path):
@@ -176,7 +178,7 @@ def test_resume_drops_later_history_and_matches_uninterrupted(tmp_path):
         f.write('{"iteration": 4, "x": 2.')  # killed mid-write
     _run(resumed, range(2, 5), resume_from=1)
     assert (resumed / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
-    assert [r["iteration"] for r in report.read_metrics(resumed)] == [0, 1, 2, 3, 4]
+    assert [r["iteration"] for r in runlog.read_metrics(resumed)] == [0, 1, 2, 3, 4]
 
 
 def test_tensorboard_scalars_and_purge_on_resume(tmp_path):
@@ -197,7 +199,7 @@ def test_tensorboard_scalars_and_purge_on_resume(tmp_path):
 
 
 def test_summary_line_full():
-    assert report.summary_line(3, FULL) == (
+    assert console.summary_line(3, FULL) == (
         "it 3 | envs 5/8 | regret 0.12 | dR 0.31 | win plain 0.40 hint 0.65 | "
         "tok/s sample 1.2k train 8.0k | design 40s adm 3.0s hints 500ms play 61s update 20s "
         "= 2m05s | mem 13"
@@ -205,7 +207,7 @@ def test_summary_line_full():
 
 
 def test_summary_line_missing_and_nan():
-    line = report.summary_line(0, {"designer/proposed": 8, "env/regret_mean": math.nan,
+    line = console.summary_line(0, {"designer/proposed": 8, "env/regret_mean": math.nan,
                                    "agent/plain_win_rate": None, "time/design_s": np.float64(4.25)})
     assert line == (
         "it 0 | envs -/8 | regret - | dR - | win plain - hint - | tok/s sample - train - | "
@@ -218,20 +220,44 @@ def test_summary_line_missing_and_nan():
     (math.nan, "-"), (None, "-"), ("x", "-"),
 ])
 def test_format_duration(seconds, text):
-    assert report.format_duration(seconds) == text
+    assert console.format_duration(seconds) == text
 
 
-def test_phase_bar_counts_and_can_be_silenced():
-    out = io.StringIO()
-    with report.phase_bar("episodes", 4, file=out) as bar:
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_phase_bar_on_a_terminal_is_a_bar():
+    out = _Terminal()
+    with console.phase_bar("episodes", 4, file=out) as bar:
         bar.update(3)
         bar.update(1)
         assert bar.n == 4
     assert "episodes" in out.getvalue() and "0/4" in out.getvalue()
-    quiet = io.StringIO()
-    with report.phase_bar("episodes", 4, enabled=False, file=quiet) as bar:
-        bar.update(4)
-    assert quiet.getvalue() == ""
+
+
+def test_phase_bar_in_a_log_writes_plain_lines(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(progress, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    out = io.StringIO()  # not a terminal: a log file or a pipe
+    with console.phase_bar("episodes", 4, file=out) as bar:
+        bar.update(1)  # a short phase writes nothing
+        assert out.getvalue() == ""
+        clock[0] += progress.INTERVAL_S + 1
+        bar.update(2)  # then at most one line per interval
+        bar.update(1)
+        assert bar.n == 4
+    # no tqdm frames; leave=False drops the closing line (the summary line follows)
+    assert out.getvalue() == "episodes: 3/4 it (75%) 31s\n"
+
+
+def test_phase_bar_can_be_silenced():
+    for quiet in (io.StringIO(), _Terminal()):
+        with console.phase_bar("episodes", 4, enabled=False, file=quiet) as bar:
+            bar.update(4)
+            assert bar.n == 4
+        assert quiet.getvalue() == ""
 
 
 # ---------------------------------------------------------------- env log
@@ -243,15 +269,40 @@ def test_env_log_append_read_truncate(tmp_path):
                 _record(1, 0, None, admitted=False)])
     log.append([_record(2, 0, "a"), _record(3, 1, "b")])
     rows = log.read()
-    assert [(r["iteration"], r["env_id"]) for r in rows] == [(0, "a"), (1, None), (2, "a"), (3, "b")]
-    assert rows[0]["win_rate"] == 0.5 and rows[0]["regret"] is None
+    assert all(isinstance(r, EnvLogEntry) for r in rows)
+    assert [(r.iteration, r.env_id) for r in rows] == [(0, "a"), (1, None), (2, "a"), (3, "b")]
+    assert rows[0].win_rate == 0.5 and type(rows[0].win_rate) is float and rows[0].regret is None
     with open(log.path, "a") as f:
         f.write('{"iteration": 4, "env_')  # killed mid-write
+        f.write('\n{"env_id": "c"}\n')  # no iteration: not an entry
+    assert [r.iteration for r in log.read()] == [0, 1, 2, 3]
     log.truncate_after(1)
-    assert [r["iteration"] for r in log.read()] == [0, 1]
+    assert [r.iteration for r in log.read()] == [0, 1]
     assert log.path.read_text().endswith("\n")
-    with pytest.raises(ValueError, match="int 'iteration'"):
-        log.append([{"env_id": "c"}])
+
+
+def test_env_log_entry_json_round_trip():
+    entry = _record(3, 1, "guess", win=np.float32(0.5), regret=math.nan, replay=True)
+    row = entry.to_json()
+    assert json.loads(json.dumps(row, allow_nan=False)) == row  # plain JSON values
+    assert row["win_rate"] == 0.5 and "regret" not in row  # NaN is null, and nulls are left out
+    assert EnvLogEntry.from_json(row) == EnvLogEntry(**{**vars(entry), "win_rate": 0.5, "regret": None})
+    bare = EnvLogEntry(iteration=0, env_id=None)
+    assert bare.to_json() == {"iteration": 0, "admitted": False, "is_seed": False, "replay": False}
+    assert EnvLogEntry.from_json(bare.to_json()) == bare
+
+
+def test_env_log_reads_entries_of_an_older_version(tmp_path):
+    log = EnvLog(tmp_path)
+    log.path.parent.mkdir(parents=True)
+    old = {"iteration": 2, "env_id": "old", "skill": "counting", "admitted": True, "win_rate": 0.5,
+           "hinted_win_rate": None, "retired_field": [1, 2]}  # an unknown key, most fields missing
+    log.path.write_text(json.dumps(old) + "\n" + json.dumps({"iteration": "2", "env_id": "x"}) + "\n")
+    assert log.read() == [EnvLogEntry(iteration=2, env_id="old", skill="counting", admitted=True,
+                                      win_rate=0.5)]
+    assert EnvLogEntry.from_json({"iteration": 5}) == EnvLogEntry(iteration=5, env_id=None)
+    assert EnvLogEntry.from_json({"iteration": True, "env_id": "b"}) is None
+    assert EnvLogEntry.from_json({"env_id": "c"}) is None
 
 
 # ---------------------------------------------------------------- gallery
@@ -271,7 +322,7 @@ def _check_page_safe(root, scripts_allowed):
 
 
 def test_gallery_on_an_empty_workdir(tmp_path):
-    index = report.write_gallery(tmp_path)  # the loop's entry point
+    index = gallery.write_gallery(tmp_path)  # the loop's entry point
     assert index == tmp_path / "gallery" / "index.html"
     root = _dom(index)
     imgs = root.find_all("img")
@@ -375,3 +426,29 @@ def test_gallery_after_resume_drops_truncated_envs(tmp_path):
     assert len(list(pages.glob("*.html"))) == 4
     page = next(p for p in pages.glob("*.html") if "it1-a" in p.name)
     assert "plain-it1-a-1" in _dom(page).text()  # rewritten without the truncated replay
+
+
+def test_gallery_reads_a_log_of_an_older_version(tmp_path):
+    log = EnvLog(tmp_path)
+    log.path.parent.mkdir(parents=True)
+    rows = [  # explicit nulls, unknown keys, missing fields, odd types, a row without iteration
+        {"iteration": 0, "env_id": "old-a", "slot": 0, "skill": None, "admitted": True, "stage": None,
+         "win_rate": 0.5, "hinted_win_rate": None, "timings": "n/a", "transcript": "text", "legacy": 1},
+        {"iteration": 0, "env_id": None, "slot": "7", "admitted": False, "reason": None},
+        {"iteration": 1, "env_id": "old-a", "regret": 0.25},
+        {"env_id": "no-iteration", "admitted": True},
+    ]
+    log.path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    root = _dom(gallery.write_gallery(tmp_path))
+    _check_page_safe(root, scripts_allowed=1)
+    table = {row.find_all("a")[0].text(): [td.text() for td in row.find_all("td")]
+             for row in root.find_all("tbody")[-1].find_all("tr")}
+    assert table == {
+        "old-a": ["0", "old-a", "unknown", "", "admitted", "", "\u2013", "\u2013", "0.25", "\u2013", "2"],
+        "(rejected) it 0 slot 7": ["0", "(rejected) it 0 slot 7", "unknown", "", "rejected", "",
+                                   "\u2013", "\u2013", "\u2013", "\u2013", "1"],
+    }
+    pages = sorted((tmp_path / "gallery" / "envs").glob("*.html"))
+    assert [p.name for p in pages] == ["env-old-a.html", "it00000-slotx.html"]
+    page = _dom(pages[0]).text()
+    assert "No transcript recorded" in page and "logged in iterations0, 1" in page

@@ -318,18 +318,18 @@ def test_rollout_escapes_observations_and_solution_hints(hf_tokenizer):
 
 def test_gallery_pages_are_valid_utf8_without_raw_program_markup(tmp_path):
     from spade_jax.selfplay import gallery
-    from spade_jax.selfplay.report import EnvLog
+    from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry
 
     hostile = "<script>alert(1)</script>\x1b[31m\ud800\x00"
     transcript = [{"role": "user", "content": "obs " + hostile}, {"role": "assistant", "content": "act " + hostile}]
     EnvLog(tmp_path).append([
-        {"iteration": 0, "slot": 0, "env_id": "evil\ud800<script>", "skill": "logic " + hostile,
-         "difficulty": hostile, "code": "class E: pass  # " + hostile, "admitted": True, "stage": "novelty",
-         "reason": "reason " + hostile, "timings": {"parse\x1b" + hostile: 0.1}, "win_rate": 0.5,
-         "transcript": transcript, "hinted_transcript": transcript, "hint": "hint " + hostile,
-         "doc_excerpt": "doc " + hostile},
-        {"iteration": 0, "slot": 1, "env_id": None, "admitted": False, "stage": "contract",
-         "reason": "reset raised " + hostile, "code": hostile},
+        EnvLogEntry(iteration=0, slot=0, env_id="evil\ud800<script>", skill="logic " + hostile,
+                    difficulty=hostile, code="class E: pass  # " + hostile, admitted=True, stage="novelty",
+                    reason="reason " + hostile, timings={"parse\x1b" + hostile: 0.1}, win_rate=0.5,
+                    transcript=transcript, hinted_transcript=transcript, hint="hint " + hostile,
+                    doc_excerpt="doc " + hostile),
+        EnvLogEntry(iteration=0, slot=1, env_id=None, admitted=False, stage="contract",
+                    reason="reset raised " + hostile, code=hostile),
     ])
     index = gallery.write_gallery(tmp_path)
     pages = [index, *sorted((index.parent / gallery.ENV_PAGES_DIR).glob("*.html"))]

@@ -1,7 +1,7 @@
 """The environment gallery: a static HTML report of every designed environment.
 
 ``write_gallery(workdir)`` reads ``metrics.jsonl`` and ``gallery/envs.jsonl`` (see
-``report.py``) and writes, under ``workdir/gallery/``:
+``runlog.py``) and writes, under ``workdir/gallery/``:
 
 - ``index.html``: run overview, the curves as PNGs (``plots/*.png``), a per-skill table
   and one row per environment (latest stats, number of plays) with filters;
@@ -11,15 +11,13 @@
 Everything is self-contained (inline CSS and a small inline script, no network) and
 opens from the file system. All model- and environment-written text goes through ``_esc``:
 cleaned first (``sandbox.text.clean_text``: lone surrogates and control characters become
-U+FFFD, so every page is valid UTF-8 and valid HTML text), then HTML-escaped. Records of
-``envs.jsonl`` have these fields (any may be missing or null):
+U+FFFD, so every page is valid UTF-8 and valid HTML text), then HTML-escaped.
 
-  env_id, iteration, slot, skill, difficulty, doc_id, doc_excerpt, code, admitted,
-  stage, reason, timings, win_rate, hinted_win_rate, mean_plain, mean_hinted, regret,
-  designer_reward, transcript, hinted_transcript, hint, is_seed
-
-Records sharing an ``env_id`` are one environment played in several iterations; its
-first record holds the design (code, verdict), its last one the latest stats.
+The log's entries are ``runlog.EnvLogEntry`` objects (their fields are documented there).
+Any field but ``iteration`` may be None, and an entry logged by an older version may hold
+a value of an unexpected type, so every field is checked before use. Entries sharing an
+``env_id`` are one environment played in several iterations; its first entry holds the
+design (code, verdict), its last one the latest stats.
 """
 
 from __future__ import annotations
@@ -37,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from spade_jax.sandbox.text import clean_text
-from spade_jax.selfplay import plots, report
+from spade_jax.selfplay import console, plots, runlog
+from spade_jax.selfplay.runlog import EnvLogEntry
 
 ENV_PAGES_DIR = "envs"
 PLOTS_DIR = "plots"
@@ -63,43 +62,43 @@ def _sort_value(value: Any) -> str:
 
 @dataclasses.dataclass
 class _Env:
-    """All records of one designed environment, in log order, and its page's file stem."""
+    """All entries of one designed environment, in log order, and its page's file stem."""
 
     stem: str
-    records: list[dict]
+    records: list[EnvLogEntry]
 
     @property
-    def first(self) -> dict:
+    def first(self) -> EnvLogEntry:
         return self.records[0]
 
     @property
-    def latest(self) -> dict:
+    def latest(self) -> EnvLogEntry:
         return self.records[-1]
 
     @property
     def verdict(self) -> str:
-        if self.first.get("is_seed"):
+        if self.first.is_seed:
             return "seed"
-        return "admitted" if self.first.get("admitted") else "rejected"
+        return "admitted" if self.first.admitted else "rejected"
 
     @property
     def skill(self) -> str:
-        skill = self.first.get("skill")
+        skill = self.first.skill
         return "unknown" if skill is None else str(skill)
 
-    def latest_with(self, field: str) -> dict | None:
+    def latest_with(self, field: str) -> EnvLogEntry | None:
         for record in reversed(self.records):
-            if record.get(field):
+            if getattr(record, field):
                 return record
         return None
 
 
-def _env_id(record: dict) -> str | None:
-    env_id = record.get("env_id")
+def _env_id(record: EnvLogEntry) -> str | None:
+    env_id = record.env_id
     return None if env_id is None or env_id == "" else str(env_id)
 
 
-def _stem(record: dict, used: set[str]) -> str:
+def _stem(record: EnvLogEntry, used: set[str]) -> str:
     env_id = _env_id(record)
     if env_id:
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", env_id)[:60]
@@ -107,9 +106,9 @@ def _stem(record: dict, used: set[str]) -> str:
             safe += "-" + hashlib.sha1(env_id.encode("utf-8", "replace")).hexdigest()[:8]
         stem = f"env-{safe}"
     else:
-        slot = record.get("slot")
+        slot = record.slot
         slot = slot if isinstance(slot, int) and not isinstance(slot, bool) else "x"
-        stem = f"it{record['iteration']:05d}-slot{slot}"
+        stem = f"it{record.iteration:05d}-slot{slot}"
     unique, n = stem, 1
     while unique in used:
         n += 1
@@ -118,7 +117,7 @@ def _stem(record: dict, used: set[str]) -> str:
     return unique
 
 
-def _group(records: Sequence[dict]) -> list[_Env]:
+def _group(records: Sequence[EnvLogEntry]) -> list[_Env]:
     by_id: dict[str, _Env] = {}
     envs: list[_Env] = []
     used: set[str] = set()
@@ -207,7 +206,7 @@ def _page(title: str, body: str, *, script: str = "") -> str:
 def _badge(env: _Env) -> str:
     verdict = env.verdict
     if verdict == "rejected":
-        stage = env.first.get("stage")
+        stage = env.first.stage
         label = f"rejected at {stage}" if stage else "rejected"
     else:
         label = verdict
@@ -229,18 +228,18 @@ _STAT_COLUMNS = (
 
 def _env_row(env: _Env) -> str:
     first, latest = env.first, env.latest
-    name = _env_id(first) or f"(rejected) it {first.get('iteration')} slot {first.get('slot')}"
+    name = _env_id(first) or f"(rejected) it {first.iteration} slot {first.slot}"
     cells = [
-        f'<td class="n" data-v="{first["iteration"]}">{first["iteration"]}</td>',
+        f'<td class="n" data-v="{first.iteration}">{first.iteration}</td>',
         f'<td><a href="{ENV_PAGES_DIR}/{env.stem}.html">{_esc(name)}</a></td>',
         f"<td>{_esc(env.skill)}</td>",
-        f"<td>{_esc(first.get('difficulty'))}</td>",
+        f"<td>{_esc(first.difficulty)}</td>",
         f'<td data-v="{env.verdict}">{_badge(env)}</td>',
-        f'<td title="{_esc(_clip(first.get("reason"), 1000))}">'
-        f'{_esc(_clip(first.get("reason"), _REASON_CHARS))}</td>',
+        f'<td title="{_esc(_clip(first.reason, 1000))}">'
+        f'{_esc(_clip(first.reason, _REASON_CHARS))}</td>',
     ]
     for field, _ in _STAT_COLUMNS:
-        value = latest.get(field)
+        value = getattr(latest, field)
         cells.append(f'<td class="n" data-v="{_sort_value(value)}">{_num(value)}</td>')
     cells.append(f'<td class="n" data-v="{len(env.records)}">{len(env.records)}</td>')
     return (
@@ -266,9 +265,9 @@ def _skill_table(envs: list[_Env]) -> str:
         rows.append(
             f"<tr><td>{_esc(skill)}</td><td class=n>{len(designed)}</td><td class=n>{len(admitted)}</td>"
             f"<td class=n>{_num(rate)}</td><td class=n>{len(mine) - len(designed)}</td>"
-            f"<td class=n>{_num(_mean([e.latest.get('win_rate') for e in live]))}</td>"
-            f"<td class=n>{_num(_mean([e.latest.get('hinted_win_rate') for e in live]))}</td>"
-            f"<td class=n>{_num(_mean([e.latest.get('regret') for e in live]))}</td></tr>"
+            f"<td class=n>{_num(_mean([e.latest.win_rate for e in live]))}</td>"
+            f"<td class=n>{_num(_mean([e.latest.hinted_win_rate for e in live]))}</td>"
+            f"<td class=n>{_num(_mean([e.latest.regret for e in live]))}</td></tr>"
         )
     return (
         "<table><thead><tr><th>skill</th><th class=n>designed</th><th class=n>admitted</th>"
@@ -292,7 +291,7 @@ def _index(workdir: pathlib.Path, metrics: list[dict], envs: list[_Env], plot_fi
     ]
     if metrics:
         last = metrics[-1]
-        line = report.summary_line(last["iteration"], last)
+        line = console.summary_line(last["iteration"], last)
         parts.append(f'<div class="summary"><code>{_esc(line)}</code></div>')
     cards = [
         (str(len(metrics)), "iterations logged"),
@@ -310,7 +309,7 @@ def _index(workdir: pathlib.Path, metrics: list[dict], envs: list[_Env], plot_fi
     ) + "</div>")
     parts.append(
         f"<p class=muted>All scalars: <code>tensorboard --logdir "
-        f"{_esc(workdir.resolve() / report.TENSORBOARD_DIR)}</code></p>"
+        f"{_esc(workdir.resolve() / runlog.TENSORBOARD_DIR)}</code></p>"
     )
     if envs:
         parts.append('<h2 id="skills">By skill</h2>' + _skill_table(envs))
@@ -323,7 +322,7 @@ def _index(workdir: pathlib.Path, metrics: list[dict], envs: list[_Env], plot_fi
         f'<th data-sort="{kind}"' + (f' class="{cls}"' if cls else "") + f">{_esc(label)}</th>"
         for label, kind, cls in headers
     )
-    order = sorted(envs, key=lambda e: (-e.first["iteration"], str(e.first.get("slot")), e.stem))
+    order = sorted(envs, key=lambda e: (-e.first.iteration, str(e.first.slot), e.stem))
     parts.append(
         '<h2 id="envs">Environments</h2>'
         '<div class="filters"><label>verdict <select id="f-verdict"><option value="">all</option>'
@@ -368,7 +367,7 @@ def _code(code: str) -> str:
 def _timings(timings: Any) -> str:
     if not isinstance(timings, dict) or not timings:
         return "\u2013"
-    return ", ".join(f"{_esc(k)} {_esc(report.format_duration(v))}" for k, v in timings.items())
+    return ", ".join(f"{_esc(k)} {_esc(console.format_duration(v))}" for k, v in timings.items())
 
 
 def _history(env: _Env) -> str:
@@ -377,8 +376,8 @@ def _history(env: _Env) -> str:
               ("regret", "regret"), ("designer_reward", "designer reward")]
     head = "<th class=n>iteration</th>" + "".join(f"<th class=n>{label}</th>" for _, label in fields)
     rows = "".join(
-        f"<tr><td class=n>{_esc(r.get('iteration'))}</td>"
-        + "".join(f"<td class=n>{_num(r.get(f))}</td>" for f, _ in fields) + "</tr>"
+        f"<tr><td class=n>{_esc(r.iteration)}</td>"
+        + "".join(f"<td class=n>{_num(getattr(r, f))}</td>" for f, _ in fields) + "</tr>"
         for r in env.records
     )
     return f'<table class="auto"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
@@ -386,43 +385,43 @@ def _history(env: _Env) -> str:
 
 def _env_page(env: _Env) -> str:
     first = env.first
-    name = _env_id(first) or f"rejected design \u00b7 iteration {first.get('iteration')} slot {first.get('slot')}"
+    name = _env_id(first) or f"rejected design \u00b7 iteration {first.iteration} slot {first.slot}"
     code_rec = env.latest_with("code") or first
     plain_rec = env.latest_with("transcript")
     hinted_rec = env.latest_with("hinted_transcript")
     meta = [
         ("verdict", _badge(env)),
-        ("reason", _esc(first.get("reason")) or "\u2013"),
+        ("reason", _esc(first.reason) or "\u2013"),
         ("skill", _esc(env.skill)),
-        ("difficulty", _esc(first.get("difficulty"))),
-        ("designed in", f"iteration {_esc(first.get('iteration'))}, slot {_esc(first.get('slot'))}"),
-        ("logged in iterations", ", ".join(_esc(r.get("iteration")) for r in env.records)),
-        ("admission timings", _timings(first.get("timings"))),
-        ("document", f"<code>{_esc(first.get('doc_id'))}</code>" if first.get("doc_id") else "\u2013"),
+        ("difficulty", _esc(first.difficulty)),
+        ("designed in", f"iteration {_esc(first.iteration)}, slot {_esc(first.slot)}"),
+        ("logged in iterations", ", ".join(_esc(r.iteration) for r in env.records)),
+        ("admission timings", _timings(first.timings)),
+        ("document", f"<code>{_esc(first.doc_id)}</code>" if first.doc_id else "\u2013"),
     ]
-    code = code_rec.get("code")
+    code = code_rec.code
     hinted = "<p class=muted>No hinted episode recorded.</p>"
     if hinted_rec is not None:
-        hint = hinted_rec.get("hint")
+        hint = hinted_rec.hint
         hinted = (
             (f'<div class="hint"><b>HINT</b> {_esc(hint)}</div>' if hint else "")
-            + f"<p class=muted>from iteration {_esc(hinted_rec.get('iteration'))}</p>"
-            + _transcript(hinted_rec.get("hinted_transcript"))
+            + f"<p class=muted>from iteration {_esc(hinted_rec.iteration)}</p>"
+            + _transcript(hinted_rec.hinted_transcript)
         )
     plain = "<p class=muted>No plain episode recorded.</p>"
     if plain_rec is not None:
-        plain = (f"<p class=muted>from iteration {_esc(plain_rec.get('iteration'))}</p>"
-                 + _transcript(plain_rec.get("transcript")))
+        plain = (f"<p class=muted>from iteration {_esc(plain_rec.iteration)}</p>"
+                 + _transcript(plain_rec.transcript))
     body = [
         f'<p><a href="../index.html">\u2190 gallery</a></p><h1>{_esc(name)}</h1>',
         '<dl class="meta">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in meta) + "</dl>",
         "<h2>Stats by iteration</h2>" + (
             "<p class=muted>Not played: rejected at admission.</p>"
-            if env.verdict == "rejected" and not any(r.get("win_rate") is not None for r in env.records)
+            if env.verdict == "rejected" and not any(r.win_rate is not None for r in env.records)
             else _history(env)
         ),
-        f"<h2>Document excerpt</h2><blockquote>{_esc(first.get('doc_excerpt')) or '&ndash;'}</blockquote>",
-        f"<h2>Code</h2>"
+        f"<h2>Document excerpt</h2><blockquote>{_esc(first.doc_excerpt) or '&ndash;'}</blockquote>",
+        "<h2>Code</h2>"
         + (_code(str(code)) if code else "<p class=muted>The designer wrote no code.</p>"),
         '<div class="cols"><div><h2>Sample episode \u00b7 plain</h2>' + plain
         + '</div><div><h2>Sample episode \u00b7 hinted</h2>' + hinted + "</div></div>",
@@ -443,12 +442,11 @@ def write_gallery(workdir: str | os.PathLike) -> pathlib.Path:
     environments no longer in the log (after a resume truncated it).
     """
     workdir = pathlib.Path(workdir)
-    gallery = workdir / report.GALLERY_DIR
+    gallery = workdir / runlog.GALLERY_DIR
     pages_dir = gallery / ENV_PAGES_DIR
     pages_dir.mkdir(parents=True, exist_ok=True)
-    metrics = report.read_metrics(workdir)
-    envs = _group([r for r in report.EnvLog(workdir).read()
-                   if isinstance(r.get("iteration"), int) and not isinstance(r.get("iteration"), bool)])
+    metrics = runlog.read_metrics(workdir)
+    envs = _group(runlog.EnvLog(workdir).read())  # only entries with an int iteration
     plot_files = plots.write_plots(metrics, gallery / PLOTS_DIR)
     manifest_path = gallery / _MANIFEST
     try:

@@ -13,7 +13,7 @@ import os
 import pathlib
 from collections.abc import Sequence
 
-from spade_jax.selfplay.report import PHASES
+from spade_jax.selfplay.console import PHASES
 
 _PHASE_LABELS = {"adm": "admission", "play": "episodes"}
 
