@@ -18,9 +18,10 @@ With ``--json`` stdout is exactly one JSON object, ASCII only, also on errors:
     {"file": FILE or null, "admitted": false, "error": "...", "internal_error": true}
 
 Strings from the program arrive cleaned (the sandbox host passes every string a worker
-sends through ``text.clean_text``: valid Unicode, no control characters). Nothing the program prints reaches stdout: it runs in sandbox workers whose
-output is captured, and while the admission runs the process's own stdout (file
-descriptor 1, inherited by the sandbox host) points at stderr.
+sends through ``text.clean_text``: valid Unicode, no control characters). Nothing the
+program prints reaches stdout: it runs in sandbox workers whose output is captured, and
+while the admission runs the process's own stdout (file descriptor 1, inherited by the
+sandbox host) points at stderr.
 
 Exit status: 0 admitted, 1 rejected, 2 internal or usage error (bad arguments, an
 unreadable file, isolation the kernel does not grant, a failed sandbox, any unexpected

@@ -2,11 +2,12 @@
 
 ``PoolCgroup.create`` makes a child cgroup of the calling process's own cgroup in the memory
 and pids hierarchies (cgroup v1: two hierarchies, or one where they are co-mounted; cgroup
-v2: the unified one) and sets its limits. Every worker joins it right after fork, so all
-episodes together cannot take more than the pool's memory or processes: past the memory
-limit the kernel's OOM killer kills a process *inside the pool* (the one with the largest
-footprint, not necessarily the one that allocated last), and past the process limit fork
-and clone fail with EAGAIN inside the pool.
+v2: the unified one) and sets its limits. The host moves the zygote into it right after
+forking it, so every worker (forked from the zygote) starts inside, and all episodes
+together cannot take more than the pool's memory or processes: past the memory limit the
+kernel's OOM killer kills a process *inside the pool* (the one with the largest footprint,
+not necessarily the one that allocated last), and past the process limit fork and clone
+fail with EAGAIN inside the pool.
 
 What is charged: a page is charged to the cgroup of the process that first touches it and
 stays charged there until it is freed; joining later does not move earlier pages (v1 only
@@ -15,10 +16,10 @@ for anonymous memory, page cache, tmpfs/shm files and memfd pages alike (an memf
 file that a joined process writes is charged to the pool even when another process holds
 it), and for most kernel memory the processes cause (page tables, slab, socket buffers).
 This is why the sandbox's process tree joins *before* running any program: a worker forked
-from a preloaded host shares the host's pages (charged to the host's cgroup) and only the
-pages it writes after joining count against the pool. tmpfs/shm pages and page cache in
-shared filesystems outlive their processes and stay charged to the pool until the files
-are removed (or the cache reclaimed).
+from the zygote shares the pages the zygote got from the preloaded host (charged to the
+host's cgroup) and only the pages it writes itself count against the pool. tmpfs/shm pages
+and page cache in shared filesystems outlive their processes and stay charged to the pool
+until the files are removed (or the cache reclaimed).
 
 Nothing here assumes cgroups work: missing, read-only or undelegated cgroups make
 ``create`` return ``(None, reason)``. After ``create`` every access goes through directory

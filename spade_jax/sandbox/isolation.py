@@ -298,7 +298,7 @@ def worker_rlimits(cpu_seconds: int, address_space: int, file_size: int, open_fi
 def jail_worker(jail: dict, scratch: str, uid: int | None, proc_fd: int | None) -> dict:
     """Confines the calling (freshly forked) worker; raises OSError when any step fails.
 
-    ``jail`` is the host's per-pool description (``Host.jail``): namespaces, rlimits,
+    ``jail`` is the host's per-pool description (``build_jail``): namespaces, rlimits,
     scratch size, Landlock paths and whether seccomp is available. Returns what Landlock
     put in force.
     """
@@ -559,8 +559,9 @@ def refusal(level: str, report: IsolationReport) -> str | None:
 
 def build_jail(plan: Plan, config: SandboxConfig, report: IsolationReport, rlimits: dict, read_paths: list,
                sys_path: list) -> dict:
-    """How every worker confines itself (``jail_worker``), plus the two runtime settings it
-    needs; the host sends it once to the zygote."""
+    """How every worker confines itself (``jail_worker``), plus what it needs to run (its
+    ``sys.path``, whether imports are restricted, the message size cap); the host sends it
+    once to the zygote."""
     return {"namespaces": plan.namespaces, "rlimits": worker_rlimits_list(rlimits),
             "scratch_bytes": config.disk_mb << 20, "scratch_inodes": SCRATCH_INODES,
             "landlock": report.protections["landlock_filesystem"], "read_paths": read_paths,

@@ -180,8 +180,9 @@ def probe() -> dict:
     """What Landlock grants here, tried in a throwaway forked child (this process stays unrestricted).
 
     The child restricts itself to ``/dev/null`` (a path every uid can open, unlike the stdlib
-    of an interpreter under a private home) and checks that ``/`` is then refused. ``{"abi", "filesystem", "tcp", "scopes", "error"}``; ``error`` is None when Landlock
-    is absent (abi 0) or worked, else why it failed.
+    of an interpreter under a private home) and checks that ``/`` is then refused. Returns
+    ``{"abi", "filesystem", "tcp", "scopes", "error"}``; ``error`` is None when Landlock is
+    absent (abi 0) or worked, else why it failed.
     """
     abi = abi_version()
     report = {"abi": abi, "filesystem": False, "tcp": False, "scopes": False, "error": None}

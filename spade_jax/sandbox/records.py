@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 ISOLATION_LEVELS = ("auto", "strict", "namespaces", "rlimits")
-# Every protection the isolation report lists, strongest form first in each line of the docs.
+# Every protection the isolation report lists (see ``IsolationReport``), in the order ``missing`` names them.
 PROTECTIONS = ("zygote", "idle_stop", "seccomp", "private_root", "pid_namespace", "network_namespace",
                "ipc_namespace", "per_episode_uid", "process_limit", "landlock_filesystem", "landlock_network",
                "landlock_scopes", "memory_cgroup", "pids_cgroup", "scratch_tmpfs")

@@ -13,8 +13,7 @@ is data. This module makes such strings harmless:
     ``limit`` the result is at most ``limit`` characters: a longer text is cut and ends
     with a marker saying how many characters were cut (``…[1234 chars cut]``; a limit
     too small for the marker gets the bare cut). Idempotent, and returns its argument
-    itself when there is nothing to do. About 0.03 ms on 64K clean ASCII characters,
-    0.2 ms on 64K clean non-ASCII ones, a few ms when most characters need replacing.
+    itself when there is nothing to do (costs: bench/RESULTS.md).
 ``display_line(text, limit)``
     One terminal line: backslashes doubled, newlines, tabs and every other character that
     is not printable (``str.isprintable``: controls, format characters such as the bidi

@@ -57,8 +57,8 @@ def rss_bytes(pid: int, proc_fd: int | None = None) -> int | None:
 
     Read under ``proc_fd``, an O_DIRECTORY fd of a procfs root, when given (a pivoted
     supervisor keeps one; ``pid`` must be in that procfs's PID namespace), else /proc. One
-    small read (~10 us, against ~0.5 ms for smaps_rollup's PSS), readable by the worker's
-    supervisor even when the worker is undumpable. Pages shared with the process it was
+    small read (far cheaper than smaps_rollup's PSS; figures in bench/RESULTS.md), readable
+    by the worker's supervisor even when the worker is undumpable. Pages shared with the process it was
     forked from count in full, so a supervisor compares it with that process's RSS.
     """
     raw = read_proc(pid, "statm", proc_fd)

@@ -9,7 +9,7 @@ collector or raw memory finds only the code every worker shares.
 It talks to the host over one SOCK_SEQPACKET socket, a JSON message each:
 
 * host -> zygote ``{"op": "jail", "jail": {...}}`` once: how workers confine themselves
-  (``isolation.jail_worker``) and the two runtime settings a worker needs;
+  (``isolation.jail_worker``) and what a worker needs to run (``isolation.build_jail``);
 * host -> zygote ``{"op": "spawn", "slot": n, "uid": u|null, "scratch": path}`` with two
   file descriptors attached (the worker's end of its protocol socketpair and the write
   end of its output pipe); the zygote forks, answers ``{"op": "spawned", "slot": n,
