@@ -31,6 +31,7 @@ correctness.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -299,7 +300,7 @@ class Attention(nnx.Module):
 
 
 class Block(nnx.Module):
-    """One decoder layer: pre-norm attention and pre-norm MLP."""
+    """The weights of one decoder layer (pre-norm attention and pre-norm MLP); `apply_block` runs it."""
 
     def __init__(self, attn_norm_D, attn: Attention, mlp_norm_D, mlp: MLP):
         self.attn_norm_D = nnx.Param(attn_norm_D, logical_axes=("embed",))
@@ -314,6 +315,57 @@ class Block(nnx.Module):
             "attn": self.attn.weights(),
             "mlp": self.mlp.weights(),
         }
+
+
+def project_heads(h_BTD, w_NHD, dtype):
+    """`einsum("btd,nhd->btnh")` as one `linear` over the heads flattened."""
+    N, H, D = w_NHD.shape
+    return linear(h_BTD, w_NHD.reshape(N * H, D).astype(dtype)).reshape(*h_BTD.shape[:2], N, H)
+
+
+def apply_block(
+    x_BTD, w: dict, kv, *, config: ModelConfig, positions_BT, inv_freq, mask_BTS, write_at, attend_cache
+):
+    """One decoder layer over `x_BTD`: pre-norm attention, then pre-norm SwiGLU MLP, each added to the residual.
+
+    `w` is the layer's `Block.weights()`. `kv` is this layer's `(k_BKHS, v_BKSH)` cache, or None
+    without a cache; the new keys/values are written to it at slots `[write_at, write_at + T)`.
+    `attend_cache` says the queries attend over the whole (written) cache under `mask_BTS`
+    `(B, T, cache length)`; otherwise they attend causally among themselves under `mask_BTS`
+    `(B, T, T)`. Returns the new `x_BTD` and the updated `kv`.
+    """
+    dt = jnp.dtype(config.dtype)
+    eps = config.rms_norm_eps
+    a = w["attn"]
+    h_BTD = rms_norm(x_BTD, w["attn_norm"], eps)
+    q_BTNH = project_heads(h_BTD, a["q"], dt)
+    k_BTKH = project_heads(h_BTD, a["k"], dt)
+    v_BTKH = project_heads(h_BTD, a["v"], dt)
+    if config.qk_norm:
+        q_BTNH = rms_norm(q_BTNH, a["q_norm"], eps)
+        k_BTKH = rms_norm(k_BTKH, a["k_norm"], eps)
+    q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
+    k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
+    if kv is not None:
+        # Write the new keys/values in place in this layer's cache.
+        k_BKHS, v_BKSH = kv
+        k_BKHS = jax.lax.dynamic_update_slice(
+            k_BKHS, k_BTKH.transpose(0, 2, 3, 1).astype(k_BKHS.dtype), (0, 0, 0, write_at)
+        )
+        v_BKSH = jax.lax.dynamic_update_slice(
+            v_BKSH, v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype), (0, 0, write_at, 0)
+        )
+        kv = (constrain(k_BKHS, _KEY_CACHE_AXES), constrain(v_BKSH, _VALUE_CACHE_AXES))
+    if attend_cache:
+        out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
+    else:
+        out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
+    o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)
+    x_BTD = x_BTD + linear(out_BTNH.reshape(*out_BTNH.shape[:2], -1), o_DE)
+    x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+    h_BTD = rms_norm(x_BTD, w["mlp_norm"], eps)
+    x_BTD = constrain(x_BTD + MLP.apply(w["mlp"], h_BTD), ("batch", "length", "embed"))
+    return x_BTD, kv
 
 
 class Transformer(nnx.Module):
@@ -382,6 +434,8 @@ class Transformer(nnx.Module):
             cache_segments_BS = jax.lax.dynamic_update_slice(
                 cache.segment_ids_BS, segment_ids_BT.astype(jnp.int32), (0, write_at)
             )
+        else:
+            write_at = None
         attend_cache = cache is not None and not cache_is_empty
         if attend_cache:
             key_segments_BS = cache_segments_BS
@@ -396,44 +450,10 @@ class Transformer(nnx.Module):
             & (segment_ids_BT[:, :, None] != 0)
         )
 
-        def project(h_BTD, w_NHD):
-            """`einsum("btd,nhd->btnh")` as one `linear` over the heads flattened."""
-            N, H, D = w_NHD.shape
-            return linear(h_BTD, w_NHD.reshape(N * H, D).astype(dt)).reshape(*h_BTD.shape[:2], N, H)
-
-        def block(x_BTD, w, kv):
-            """One layer; `kv` is this layer's `(k_BKHS, v_BKSH)` cache, or None without a cache."""
-            a = w["attn"]
-            h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_norm_eps)
-            q_BTNH = project(h_BTD, a["q"])
-            k_BTKH = project(h_BTD, a["k"])
-            v_BTKH = project(h_BTD, a["v"])
-            if cfg.qk_norm:
-                q_BTNH = rms_norm(q_BTNH, a["q_norm"], cfg.rms_norm_eps)
-                k_BTKH = rms_norm(k_BTKH, a["k_norm"], cfg.rms_norm_eps)
-            q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
-            k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
-            if kv is not None:
-                # Write the new keys/values in place in this layer's cache.
-                k_BKHS, v_BKSH = kv
-                k_BKHS = jax.lax.dynamic_update_slice(
-                    k_BKHS, k_BTKH.transpose(0, 2, 3, 1).astype(k_BKHS.dtype), (0, 0, 0, write_at)
-                )
-                v_BKSH = jax.lax.dynamic_update_slice(
-                    v_BKSH, v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype), (0, 0, write_at, 0)
-                )
-                kv = (constrain(k_BKHS, _KEY_CACHE_AXES), constrain(v_BKSH, _VALUE_CACHE_AXES))
-            if attend_cache:
-                out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
-            else:
-                out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
-            o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)
-            x_BTD = x_BTD + linear(out_BTNH.reshape(*out_BTNH.shape[:2], -1), o_DE)
-            x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
-            h_BTD = rms_norm(x_BTD, w["mlp_norm"], cfg.rms_norm_eps)
-            x_BTD = constrain(x_BTD + MLP.apply(w["mlp"], h_BTD), ("batch", "length", "embed"))
-            return x_BTD, kv
-
+        block = functools.partial(
+            apply_block, config=cfg, positions_BT=positions_BT, inv_freq=inv_freq, mask_BTS=mask_BTS,
+            write_at=write_at, attend_cache=attend_cache,
+        )
         layer_weights = [layer.weights() for layer in self.layers]
         if cache is None:
             def scanned(x_BTD, w):
