@@ -33,7 +33,6 @@ from absl import logging  # noqa: E402
 
 from spade_jax.agent.rollout import AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.designer.rollout import reject_batch_duplicates  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
 from spade_jax.sampling import generate  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
@@ -100,7 +99,7 @@ def main() -> None:
     ]
 
     prompt = cfg.prompt
-    memory = data.seeded_memory(prompt)
+    memory = data.seeded_memory()
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words, seed=args.seed))
     rng = np.random.default_rng(args.seed)
     documents = corpus.sample(args.samples)
@@ -117,12 +116,11 @@ def main() -> None:
     with SandboxPool(SandboxConfig(num_workers=cfg.sandbox_workers)) as pool:
         clock = time.perf_counter()
         admission_cfg = AdmissionConfig(novelty_threshold=cfg.novelty_threshold)
-        reports = admit_batch(texts, admission_cfg, archive, pool)
+        # What the loop admits: batches of `--batch` programs (one designer batch per iteration),
+        # each program also no near-duplicate of an earlier one of its batch.
+        reports = [r for start in range(0, len(texts), args.batch)
+                   for r in admit_batch(texts[start:start + args.batch], admission_cfg, archive, pool)]
         admission_s = time.perf_counter() - clock
-        # What the loop admits: the stages, then no near-duplicate of an earlier program of the
-        # same designer batch (`--batch` programs per iteration).
-        reports = [r for start in range(0, len(reports), args.batch)
-                   for r in reject_batch_duplicates(reports[start:start + args.batch], admission_cfg)]
         admitted = [r.code for r in reports if r.admitted]
         failures = {stage: sum(1 for r in reports if not r.admitted and r.stage == stage) for stage in STAGES}
         in_batch = sum(r.reason.startswith("near-duplicate of program") for r in reports if not r.admitted)

@@ -87,7 +87,8 @@ class AdmissionConfig:
       contract stage requires episodes to end within it (when None: within the env's
       ``self.max_turns``, or 100 steps if the env keeps no such attribute).
     reward_range: allowed raw rewards (the sandbox clips to [-1, 1] anyway).
-    novelty_threshold: similarity at or above which a program duplicates an archive entry.
+    novelty_threshold: similarity at or above which a program duplicates an archive entry
+      or, with ``batch_novelty``, a program admitted earlier in the same batch.
     sandbox: the pool config used when admit/admit_batch create their own pool.
     """
 
@@ -100,6 +101,7 @@ class AdmissionConfig:
     max_turns: int | None = None
     reward_range: tuple[float, float] = (-1.0, 1.0)
     novelty_threshold: float = 0.85
+    batch_novelty: bool = True
     shingle_tokens: int = SHINGLE_TOKENS
     max_code_chars: int = 100_000
     sandbox: SandboxConfig = dataclasses.field(
@@ -261,6 +263,7 @@ def _unicode_text(rng: random.Random, size: int) -> str:
 
 @dataclasses.dataclass(eq=False)
 class _Candidate:
+    index: int  # position in the batch
     text: object
     report: AdmissionReport
     rng: random.Random
@@ -350,11 +353,11 @@ class _Admission:
         master = random.Random(self.seed)
         plays = self.cfg.random_plays + len(NOOP_ACTIONS)
         candidates = []
-        for text in texts:
+        for index, text in enumerate(texts):
             rng = random.Random(master.getrandbits(64))
             seeds = rng.sample(range(EPISODE_SEED_SPACE), self.cfg.num_seeds + plays)
             report = AdmissionReport(False, "parse", "", isolation=isolation)
-            c = _Candidate(text, report, rng, seeds[:self.cfg.num_seeds], seeds[self.cfg.num_seeds:])
+            c = _Candidate(index, text, report, rng, seeds[:self.cfg.num_seeds], seeds[self.cfg.num_seeds:])
             report.details.update(admission_seed=self.seed,
                                   probe_seeds={"contract": c.seeds, "not_trivial": c.play_seeds})
             candidates.append(c)
@@ -534,7 +537,10 @@ class _Admission:
         return [failures.get(id(c)) for c in cands]
 
     def _novelty(self, cands):
+        """Similarity to the archive, then (``batch_novelty``) to the programs of this batch that
+        passed before it: the batch's candidates reach this last stage in input order."""
         failures = []
+        admitted: list[tuple[int, frozenset]] = []
         for c in cands:
             mine = fingerprint(c.code, self.cfg.shingle_tokens)
             scores = [jaccard(mine, other) for other in self.archive]
@@ -542,10 +548,14 @@ class _Admission:
             if best is not None:
                 c.report.details["max_similarity"] = round(scores[best], 4)
                 c.report.details["most_similar_index"] = best
+            twin = next((i for i, other in admitted if jaccard(mine, other) >= self.cfg.novelty_threshold), None)
             if best is not None and scores[best] >= self.cfg.novelty_threshold:
                 failures.append(f"near-duplicate of archive program #{best} (similarity {scores[best]:.2f} "
                                 f">= threshold {self.cfg.novelty_threshold})")
+            elif self.cfg.batch_novelty and twin is not None:
+                failures.append(f"near-duplicate of program {twin} of the same batch")
             else:
+                admitted.append((c.index, mine))
                 failures.append(None)
         return failures
 
