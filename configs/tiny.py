@@ -8,8 +8,8 @@ The first run trains the bootstrap (`spade_jax/bootstrap/`: a SentencePiece
 tokenizer and a small Llama-family model trained from scratch on renderings of the seed
 library and on solution transcripts) and caches it under `bootstrap.cache_dir` (default:
 `<workdir>/bootstrap`; point several runs at one directory to train it once). Later runs
-load it in seconds. The designer's prompt sizes below must equal the bootstrap's
-(`validate` checks): the bootstrap was trained on exactly those prompts.
+load it in seconds. The bootstrap is trained on the designer prompts this config
+describes (`designer.prompt`): changing their sizes trains a new bootstrap.
 
 `runlocal` swaps in a minute-sized bootstrap and a few short episodes: a check of the
 mechanism (the tests use it), not a policy that writes working programs.
@@ -17,10 +17,11 @@ mechanism (the tests use it), not a policy that writes working programs.
 Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
 """
 
-import ml_collections
+import dataclasses
 
 from spade_jax.bootstrap import BootstrapConfig
-from spade_jax.selfplay.config import base_config, parse_arg
+from spade_jax.designer.prompts import PromptConfig
+from spade_jax.selfplay.config import base_config, parse_arg, section
 
 # The minute-sized bootstrap of `runlocal`: enough to exercise every stage, not to design.
 RUNLOCAL_BOOTSTRAP = dict(
@@ -35,15 +36,13 @@ def get_config(arg=None):
     c = base_config()
     c.num_iterations = 10
     c.model.source = "bootstrap"
-    c.bootstrap = ml_collections.ConfigDict({**boot.to_dict(), "cache_dir": ""})
+    # The prompt is the designer's (`designer.prompt`); "" caches under <workdir>/bootstrap.
+    c.bootstrap = section(BootstrapConfig, exclude=("prompt",), cache_dir="", **dataclasses.asdict(boot))
+    del c.bootstrap["prompt"]
     c.mesh.shape = (-1, 1, 1)
 
-    # What the bootstrap was trained on: the same prompt sizes, turns and hints.
-    c.corpus.max_words = boot.doc_max_words
-    c.designer.n_positive = boot.exemplars_positive
-    c.designer.n_negative = boot.exemplars_negative
-    c.memory.max_code_lines = boot.exemplar_max_lines
-    c.memory.max_code_chars = boot.exemplar_max_chars
+    # What the bootstrap was trained for: its prompt sizes, turns and hints.
+    c.designer.prompt = section(PromptConfig, **dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
     c.hints.mode = "solution"
     c.admission.novelty_threshold = boot.novelty_threshold

@@ -4,6 +4,7 @@ The full-size bar (admission rate of designed programs, agent win rate) is measu
 bench/tiny_bootstrap.py; here a very small configuration checks the mechanism.
 """
 
+import dataclasses
 import random
 
 import numpy as np
@@ -39,8 +40,8 @@ def transcripts(programs):
 
 @pytest.fixture(scope="module")
 def slots():
-    prompt = data.PromptConfig()
-    memory = data.seeded_memory(prompt)
+    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1)
+    memory = data.seeded_memory()
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
     return data.designer_slots(12, memory, [corpus.document(i) for i in range(len(corpus))], prompt,
                                bootstrap.BootstrapConfig().envs, np.random.default_rng(0))

@@ -42,7 +42,8 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.designer, "skills", ("juggling",)), "designer.skills"),
         (lambda c: setattr(c.agent, "context_budget", 16), "agent.context_budget"),
         (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
-        (lambda c: setattr(c.corpus, "max_words", 300), "corpus.max_words"),  # the bootstrap saw 40
+        (lambda c: setattr(c.designer.prompt, "doc_max_words", 0), "doc_max_words"),
+        (lambda c: setattr(c.hints, "mode", "psychic"), "hints"),
         (lambda c: setattr(c.bootstrap, "rows", 6), "bootstrap"),
         (lambda c: setattr(c.bootstrap, "typo_field", 1), "typo_field"),
     ],
@@ -76,3 +77,43 @@ def test_main_stops_before_any_work_on_a_bad_flag(tmp_path, flag, message):
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
     assert not workdir.exists()  # nothing was written, nothing was trained
+
+
+def test_each_stage_dataclass_is_its_config_section():
+    """Every field of a stage's dataclass is a field of its section with the dataclass's default
+    (the default is written once), and a value set in the section reaches the stage."""
+    import dataclasses
+
+    from spade_jax.selfplay import config as config_lib
+
+    c = config_lib.base_config()
+    excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}}
+    for field, build in config_lib._STAGES:
+        if field == "memory":
+            continue
+        built = build(c)
+        section = c
+        for part in field.split("."):
+            section = section[part]
+        for f in dataclasses.fields(built):
+            if f.name in excluded.get(field, ()):
+                continue
+            assert f.name in section, f"{field}.{f.name} cannot be set from the config"
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            assert getattr(built, f.name) == default, (field, f.name)
+    c.agent.top_k = 5
+    c.hints.top_p = 0.9
+    c.designer.prompt.exemplar_max_chars = 123
+    c.sandbox.host_uid = 1234
+    assert config_lib.agent_config(c).top_k == 5 and config_lib.hint_config(c).top_p == 0.9
+    assert config_lib.designer_config(c).prompt.exemplar_max_chars == 123
+    assert config_lib.admission_config(c).sandbox.host_uid == 1234
+
+
+def test_the_bootstrap_trains_on_the_designer_prompt():
+    config = _preset("tiny")
+    config.designer.prompt.doc_max_words = 55
+    from spade_jax.selfplay.config import bootstrap_config, designer_config
+
+    assert bootstrap_config(config).prompt == designer_config(config).prompt
+    assert bootstrap_config(config).prompt.doc_max_words == 55

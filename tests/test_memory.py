@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from spade_jax.designer.memory import EnvironmentMemory, truncate_code
+from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.prompts import truncate_code
 
 CODE = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'guess', {}\n"
 
@@ -118,17 +119,34 @@ def test_exemplars_when_not_enough_qualify():
     assert [e.env_id for e in ex] == ["p1", "easy"]
 
 
-def test_exemplars_prefer_requested_skill_and_truncate_code():
-    mem = EnvironmentMemory(max_code_lines=3)
+def test_exemplars_prefer_requested_skill():
+    mem = EnvironmentMemory()
     long_code = "\n".join(f"x{i} = {i}" for i in range(10))
     mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
             mean_hinted=0.6, regret=0.1, env_id="opt")
     _add(mem, 0.5, 0.3, env_id="logic")
     ex = mem.exemplars(0, n_positive=1, n_negative=0, skill="optimization")
     assert [e.env_id for e in ex] == ["opt"]
-    assert ex[0].code == "x0 = 0\nx1 = 1\nx2 = 2\n# ... (truncated)"
+    assert ex[0].code == long_code
     ex = mem.exemplars(0, n_positive=2, n_negative=0, skill="optimization")
     assert [e.env_id for e in ex] == ["opt", "logic"] and all(e.qualified for e in ex)
+
+
+def test_designer_prompts_cut_exemplar_code_to_the_prompt_size():
+    from spade_jax.designer.corpus import Document
+    from spade_jax.designer.prompts import PromptConfig, slot_messages
+
+    mem = EnvironmentMemory()
+    long_code = "\n".join(f"x{i} = {i}" for i in range(10))
+    mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
+            mean_hinted=0.6, regret=0.1, env_id="opt")
+    doc = Document(doc_id="d", text="a short document", n_words=3, truncated=False)
+    prompt = PromptConfig(exemplars_positive=1, exemplars_negative=0, exemplar_max_lines=3)
+    user = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc, prompt)[1]["content"]
+    assert "x0 = 0\nx1 = 1\nx2 = 2\n# ... (truncated)" in user and "x3 = 3" not in user
+    none = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc,
+                         PromptConfig(exemplars_positive=0, exemplars_negative=0))[1]["content"]
+    assert "x0 = 0" not in none
 
 
 def test_truncate_code_by_chars():
@@ -138,7 +156,7 @@ def test_truncate_code_by_chars():
 
 
 def test_state_round_trip_is_lossless():
-    mem = EnvironmentMemory(capacity=4, staleness_decay=0.9, max_code_chars=500)
+    mem = EnvironmentMemory(capacity=4, staleness_decay=0.9)
     mem.add_seed(CODE, "causal inference", name="fork", admission={"note": "seed"})
     for i, (wr, rg) in enumerate([(0.1 + 0.2, 1 / 3), (0.5, 0.1), (0.95, 2 ** -40), (0.0, 0.0)]):
         _add(mem, wr, rg, iteration=i + 1, doc_id=f"doc-{i}", admission={"times": [1.5, i]})

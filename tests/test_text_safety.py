@@ -239,16 +239,17 @@ def _fake_generate(calls, reply_ids):
 def test_hint_and_review_prompts_escape_program_text(monkeypatch, hf_tokenizer):
     from spade_jax.agent import hints
     from spade_jax.designer import review
+    from spade_jax.sampling import chat
 
     policy = types.SimpleNamespace(tokenizer=hf_tokenizer)
     evil_code = f"class XEnv:\n    '''{FORGED}\x1b\ud800'''\n"
     calls = []
-    monkeypatch.setattr(hints, "generate", _fake_generate(calls, hf_tokenizer.encode("Use a hint.")))
+    monkeypatch.setattr(chat, "generate", _fake_generate(calls, hf_tokenizer.encode("Use a hint.")))
     out = hints.write_hints(policy, [evil_code, "class YEnv: pass"], hints.HintConfig(mode="self"))
     assert out == ["Use a hint."] * 2
     assert _count_special(hf_tokenizer, calls[0][0]) == _count_special(hf_tokenizer, calls[0][1])
 
-    monkeypatch.setattr(review, "generate", _fake_generate(calls, hf_tokenizer.encode("yes")))
+    monkeypatch.setattr(chat, "generate", _fake_generate(calls, hf_tokenizer.encode("yes")))
     transcript = [{"role": "system", "content": "s"}, {"role": "user", "content": FORGED},
                   {"role": "assistant", "content": "\\boxed{1}\x1b"}]
     verdicts = review.review(policy, [evil_code, "class YEnv: pass"],

@@ -24,7 +24,8 @@ import re
 from typing import Sequence
 
 from spade_jax.agent.conversation import prompt_text
-from spade_jax.sampling import generate
+from spade_jax.agent.rollout import EpisodeRequest
+from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
 HINT_MODES = ("self", "solution", "none")
@@ -40,10 +41,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 @dataclasses.dataclass(frozen=True)
 class HintConfig:
+    """How hints are had (`mode`, see the module docstring) and, in mode `self`, sampled:
+    the source shown is cut to `max_code_chars`, the reply to `max_sentences` sentences."""
+
     mode: str = "self"
     max_new_tokens: int = 96
     temperature: float = 0.7
     top_p: float = 1.0
+    top_k: int = 0
     max_code_chars: int = 6000
     max_sentences: int = 3
 
@@ -64,22 +69,34 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
     """One self-written hint per program (mode `self`); None for other modes."""
     if cfg.mode != "self" or not programs:
         return [None] * len(programs)
-    tokenizer = policy.tokenizer
-    prompts = [
-        tokenizer.apply_chat_template(
-            [
-                {"role": "system", "content": HINT_SYSTEM_PROMPT},
-                {"role": "user", "content": HINT_INSTRUCTIONS.format(
-                    code=prompt_text(tokenizer, code[: cfg.max_code_chars]))},
-            ],
-            add_generation_prompt=True,
-        )
+    chats = [
+        [
+            {"role": "system", "content": HINT_SYSTEM_PROMPT},
+            {"role": "user", "content": HINT_INSTRUCTIONS.format(
+                code=prompt_text(policy.tokenizer, code[: cfg.max_code_chars]))},
+        ]
         for code in programs
     ]
-    generation = generate(
-        policy, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed
-    )
-    return [
-        clean_hint(tokenizer.decode(generation.tokens[i, : generation.lengths[i]]), cfg.max_sentences)
-        for i in range(len(programs))
-    ]
+    completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                 top_p=cfg.top_p, top_k=cfg.top_k, seed=seed)
+    return [clean_hint(c.text, cfg.max_sentences) for c in completions]
+
+
+def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str,
+                     hint: str | None = None) -> list[EpisodeRequest]:
+    """The episodes that measure one environment's regret: one plain play per seed, then,
+    unless ``mode`` is "none", one hinted play on each of the same seeds.
+
+    Mode "self" shows ``hint`` (the policy's own, `write_hints`); mode "solution" has the
+    rollout take the first action of the environment's `solution()` for the seed.
+    """
+    if mode not in HINT_MODES:
+        raise ValueError(f"hint mode {mode!r} is unknown; choose one of {HINT_MODES}")
+    requests = [EpisodeRequest(env_key=env_key, program=program, seed=s) for s in seeds]
+    if mode != "none":
+        requests += [
+            EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True,
+                           hint=hint if mode == "self" else None, hint_from_solution=mode == "solution")
+            for s in seeds
+        ]
+    return requests

@@ -42,7 +42,7 @@ class AgentConfig:
     """How episodes are played. `context_budget` bounds prompt + all turns, in tokens."""
 
     max_turns: int = 8
-    max_new_tokens: int = 256
+    max_new_tokens: int = 512
     context_budget: int = 4096
     temperature: float = 1.0
     top_p: float = 1.0

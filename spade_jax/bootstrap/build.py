@@ -43,8 +43,7 @@ import spade_jax.designer.prompts
 import spade_jax.models.tokenizer
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
 from spade_jax.designer.corpus import PACKAGED_CORPUS, Corpus, CorpusConfig
-from spade_jax.designer.prompts import designer_answer
-from spade_jax.designer.rollout import slot_messages
+from spade_jax.designer.prompts import PromptConfig, designer_answer, slot_messages
 from spade_jax.envs import library
 from spade_jax.models import ModelConfig, Policy, SentencePieceTokenizer, make_mesh
 from spade_jax.models.loading import place_params
@@ -55,7 +54,6 @@ from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.bootstrap import data, variants
-from spade_jax.bootstrap.data import PromptConfig
 
 BOOTSTRAP_VERSION = "3"  # 2: parameters per layer (layers/{i}/...); 3: weights stored (out, in)
 TOKENIZER_SYMBOLS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "\\boxed{")
@@ -73,12 +71,11 @@ class BootstrapError(RuntimeError):
 class BootstrapConfig:
     """What the bootstrap trains on and how.
 
-    Prompts (shared with the self-play designer, which must use the same values):
-    ``doc_max_words`` (corpus max_words), ``exemplars_positive`` / ``exemplars_negative``
-    (memory exemplars per prompt), ``exemplar_max_lines`` / ``exemplar_max_chars``
-    (memory code truncation); see the `prompt` property. No exemplars by default: the
-    small model broke on exemplars unlike its training ones (measured designs after
-    iteration 0); without them the prompts it answers look the same at every iteration.
+    Prompts: ``prompt`` sizes the designer prompts trained on; a run passes its own
+    `config.designer.prompt`, so the bootstrap is trained on the prompts its designer
+    builds. No exemplars by default: the small model wrote broken programs for prompts
+    whose exemplars differed from its training ones (bench/RESULTS.md); without them the
+    prompts it answers look the same at every iteration.
     Data: designer answers are structural variants of the seed programs named in ``envs``
     (one per prompt skill at least), ``num_programs`` of them rendered (each rewrite
     applied with probability ``rewrite_p``, redrawn while the similarity to a seed reaches
@@ -93,11 +90,8 @@ class BootstrapConfig:
     """
 
     seed: int = 0
-    doc_max_words: int = 40
-    exemplars_positive: int = 0
-    exemplars_negative: int = 0
-    exemplar_max_lines: int = 4
-    exemplar_max_chars: int = 400
+    prompt: PromptConfig = PromptConfig(doc_max_words=40, exemplars_positive=0, exemplars_negative=0,
+                                        exemplar_max_lines=4, exemplar_max_chars=400)
     envs: tuple[str, ...] = ("shopping", "tallest", "nearest_city", "repeat_pattern", "knapsack",
                              "plant_experiment")
     num_programs: int = 48
@@ -147,12 +141,6 @@ class BootstrapConfig:
             num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_heads,
             head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
         )
-
-    @property
-    def prompt(self) -> PromptConfig:
-        """The designer prompt size; the self-play designer must use the same values."""
-        return PromptConfig(self.doc_max_words, self.exemplars_positive, self.exemplars_negative,
-                            self.exemplar_max_lines, self.exemplar_max_chars)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -223,9 +211,9 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
     try:
         rng = random.Random(cfg.seed)
         np_rng = np.random.default_rng(cfg.seed)
-        corpus = Corpus.from_config(CorpusConfig(max_words=cfg.doc_max_words))
+        corpus = Corpus.from_config(CorpusConfig(max_words=cfg.prompt.doc_max_words))
         documents = [corpus.document(i) for i in range(len(corpus))]
-        memory = data.seeded_memory(cfg.prompt)
+        memory = data.seeded_memory()
         slots = data.designer_slots(cfg.steps * cfg.rows, memory, documents, cfg.prompt, cfg.envs, np_rng)
         keys = sorted({(slot.env, slot.difficulty) for slot in slots})
 
@@ -334,7 +322,7 @@ def _admit(pool: SandboxPool, programs: list[data.Program], cfg: BootstrapConfig
     clock = time.perf_counter()
     archive = [library.load_source(env.name) for env in library.SEED_ENVS]
     reports = admit_batch([designer_answer(p.code) for p in programs],
-                          AdmissionConfig(novelty_threshold=cfg.novelty_threshold), archive, pool)
+                          AdmissionConfig(novelty_threshold=cfg.novelty_threshold, batch_novelty=False), archive, pool)
     admitted = [p for p, r in zip(programs, reports) if r.admitted]
     stats = {
         "rendered": len(programs), "admitted": len(admitted),
@@ -449,5 +437,5 @@ def _summary(values) -> dict:
             "max": round(float(array.max()), 4)}
 
 
-__all__ = ["BOOTSTRAP_VERSION", "BootstrapConfig", "BootstrapError", "PromptConfig", "bootstrap_policy",
+__all__ = ["BOOTSTRAP_VERSION", "BootstrapConfig", "BootstrapError", "bootstrap_policy",
            "bootstrap_stats", "cache_key", "cache_path", "load_bootstrap"]

@@ -10,7 +10,7 @@ own `solution()` actions and whose observations come from really playing it in t
 sandbox; hinted transcripts carry the `solution` hint in the first observation, as the
 rollout shows it. Only the assistant's tokens (and its end-of-turn token) are trained.
 
-JAX-free apart from nothing: numpy, the designer/agent helpers and the sandbox client.
+JAX-free: numpy, the designer and agent helpers and the sandbox client.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import numpy as np
 
 from spade_jax.agent.conversation import Conversation
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
-from spade_jax.designer.corpus import Document, truncate_words
+from spade_jax.designer.corpus import Document
 from spade_jax.designer.memory import EnvironmentMemory
-from spade_jax.designer.prompts import DIFFICULTIES, designer_answer
-from spade_jax.designer.rollout import DesignerConfig, slot_messages
+from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, designer_answer, slot_messages
 from spade_jax.envs import library
 from spade_jax.envs.contract import is_success
 from spade_jax.rl.batch import TrainSequence
@@ -35,34 +34,12 @@ from spade_jax.bootstrap.variants import vary
 from spade_jax.sandbox.similarity import fingerprint, jaccard
 
 
-@dataclasses.dataclass(frozen=True)
-class PromptConfig:
-    """Designer prompt size: shared with the self-play designer so both see the same prompts.
-
-    doc_max_words: words of the reference document kept (`CorpusConfig.max_words`).
-    exemplars_positive / exemplars_negative: `EnvironmentMemory.exemplars` counts.
-    exemplar_max_lines / exemplar_max_chars: `EnvironmentMemory` code truncation.
-    """
-
-    doc_max_words: int = 40
-    exemplars_positive: int = 1
-    exemplars_negative: int = 0
-    exemplar_max_lines: int = 4
-    exemplar_max_chars: int = 400
-
-
-def seeded_memory(prompt: PromptConfig, capacity: int = 200) -> EnvironmentMemory:
+def seeded_memory(capacity: int = 200) -> EnvironmentMemory:
     """The environment memory at iteration 0: every seed program, unmeasured."""
-    memory = EnvironmentMemory(capacity, max_code_lines=prompt.exemplar_max_lines,
-                               max_code_chars=prompt.exemplar_max_chars)
+    memory = EnvironmentMemory(capacity)
     for env in library.SEED_ENVS:
         memory.add_seed(library.load_source(env.name), env.skill, name=env.name)
     return memory
-
-
-def truncated_document(doc_id: str, text: str, max_words: int) -> Document:
-    body, n_words, cut = truncate_words(text, max_words)
-    return Document(doc_id=doc_id, text=body, n_words=n_words, truncated=cut)
 
 
 def knobs_for(env: library.SeedEnv, difficulty: str, rng: random.Random) -> dict[str, int]:
@@ -91,12 +68,11 @@ def designer_slots(n: int, memory: EnvironmentMemory, documents: Sequence[Docume
                    envs: Sequence[str], rng: np.random.Generator) -> list[Slot]:
     """``n`` iteration-0 designer prompts cycling through every (skill, difficulty) pair.
 
-    The messages are built by the self-play designer's own `designer.rollout.slot_messages`.
+    The messages are built by the self-play designer's own `designer.prompts.slot_messages`.
     Each is answered with a variant of one of the seed programs named in ``envs`` that
     trains the prompt's skill (drawn uniformly); every skill needs at least one.
     """
     by_skill = {skill: [name for name in envs if library.get(name).skill == skill] for skill in library.SKILLS}
-    designer = DesignerConfig(n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative)
     uncovered = [skill for skill, names in by_skill.items() if not names]
     if uncovered:
         raise ValueError(f"the seed programs {list(envs)} leave skill(s) {uncovered} without a program")
@@ -105,7 +81,7 @@ def designer_slots(n: int, memory: EnvironmentMemory, documents: Sequence[Docume
         skill = library.SKILLS[i % len(library.SKILLS)]
         difficulty = DIFFICULTIES[(i + i // len(library.SKILLS)) % len(DIFFICULTIES)]
         document = documents[int(rng.integers(len(documents)))]
-        messages = slot_messages(memory, rng, skill, difficulty, document, designer)
+        messages = slot_messages(memory, rng, skill, difficulty, document, prompt)
         env = by_skill[skill][int(rng.integers(len(by_skill[skill])))]
         slots.append(Slot(skill, difficulty, messages, env))
     return slots

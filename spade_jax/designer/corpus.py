@@ -41,18 +41,18 @@ class CorpusConfig:
     paths: local .jsonl/.txt files or directories (see corpus_builder for the format).
     name: a TFDS dataset name, used when ``paths`` is empty; both empty means the
       packaged corpus. split: TFDS split of ``name``. data_dir: TFDS data directory
-      (None: TFDS's default, ``$TFDS_DATA_DIR`` or ~/tensorflow_datasets); local files
+      ("": TFDS's default, ``$TFDS_DATA_DIR`` or ~/tensorflow_datasets); local files
       are built there too. text_key / id_key: features of ``name`` holding the text and
-      a stable id (without id_key the id is ``name/split/index``, stable for a given
+      a stable id (with id_key "" the id is ``name/split/index``, stable for a given
       prepared dataset). max_words: truncation length. seed: sampling order.
     """
 
     paths: tuple[str, ...] = ()
     name: str = ""
     split: str = "train"
-    data_dir: str | None = None
+    data_dir: str = ""
     text_key: str = "text"
-    id_key: str | None = None
+    id_key: str = ""
     max_words: int = 6000
     seed: int = 0
 
@@ -153,10 +153,10 @@ class Corpus:
 
         if cfg.paths or not cfg.name:
             paths = list(cfg.paths) or [PACKAGED_CORPUS]
-            name, data_dir = corpus_builder.prepare_local_corpus(paths, cfg.data_dir)
+            name, data_dir = corpus_builder.prepare_local_corpus(paths, cfg.data_dir or None)
             text_key, id_key, split = "text", "id", "train"
         else:
-            name, data_dir, text_key, id_key, split = cfg.name, cfg.data_dir, cfg.text_key, cfg.id_key, cfg.split
+            name, data_dir, text_key, id_key, split = cfg.name, cfg.data_dir or None, cfg.text_key, cfg.id_key or None, cfg.split
         try:
             source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
         except Exception as e:  # tfds raises several types; all mean "not usable here"

@@ -67,7 +67,7 @@ class Exemplar:
     kind: "positive" or "negative"; qualified: whether it met the reference criterion
     (False for fallbacks); label: "good difficulty", "borderline" (a fallback positive
     outside the win-rate band), "unmeasured" (a seed not yet played), "too easy" or
-    "too hard"; code: truncated source.
+    "too hard"; code: its source (prompts cut it to their size).
     """
 
     env_id: str
@@ -104,24 +104,12 @@ def _json_copy(env_id: str, report) -> dict:
                          f"(plain dicts, lists, str, finite numbers): {e}") from e
 
 
-def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
-    """First ``max_lines`` lines and at most ``max_chars`` characters, marked when cut."""
-    lines = code.splitlines()
-    out = "\n".join(lines[:max_lines])
-    cut = len(lines) > max_lines
-    if len(out) > max_chars:
-        out = out[:max_chars].rsplit("\n", 1)[0] if "\n" in out[:max_chars] else out[:max_chars]
-        cut = True
-    return out + "\n# ... (truncated)" if cut else out
-
-
 class EnvironmentMemory:
     """Bounded archive of admitted environments (see module docstring for the rules)."""
 
     def __init__(self, capacity: int = 200, *, staleness_decay: float = 0.95,
                  positive_win_range: tuple[float, float] = (0.15, 0.85),
-                 negative_win_bounds: tuple[float, float] = (0.1, 0.9),
-                 max_code_lines: int = 80, max_code_chars: int = 4000):
+                 negative_win_bounds: tuple[float, float] = (0.1, 0.9)):
         if capacity < 1:
             raise ValueError(f"memory capacity must be >= 1, got {capacity}")
         if not 0.0 < staleness_decay <= 1.0:
@@ -134,8 +122,6 @@ class EnvironmentMemory:
         self.staleness_decay = float(staleness_decay)
         self.positive_win_range = (float(lo), float(hi))
         self.negative_win_bounds = (float(nlo), float(nhi))
-        self.max_code_lines = int(max_code_lines)
-        self.max_code_chars = int(max_code_chars)
         self.iteration = 0
         self._next_index = 0
         self._records: dict[str, EnvRecord] = {}
@@ -283,7 +269,7 @@ class EnvironmentMemory:
         else:
             label = "good difficulty" if qualified else "borderline"
         return Exemplar(env_id=rec.env_id, skill=rec.skill,
-                        code=truncate_code(rec.code, self.max_code_lines, self.max_code_chars),
+                        code=rec.code,
                         kind=kind, qualified=qualified, label=label, win_rate=rec.win_rate,
                         regret=rec.regret, doc_id=rec.doc_id)
 
@@ -296,8 +282,6 @@ class EnvironmentMemory:
             "staleness_decay": self.staleness_decay,
             "positive_win_range": list(self.positive_win_range),
             "negative_win_bounds": list(self.negative_win_bounds),
-            "max_code_lines": self.max_code_lines,
-            "max_code_chars": self.max_code_chars,
             "iteration": self.iteration,
             "next_index": self._next_index,
             "records": [dict(dataclasses.asdict(r), order=self._order[r.env_id])
@@ -312,9 +296,7 @@ class EnvironmentMemory:
                              f"got version {state.get('version') if isinstance(state, dict) else state!r}")
         mem = cls(int(state["capacity"]), staleness_decay=float(state["staleness_decay"]),
                   positive_win_range=tuple(state["positive_win_range"]),
-                  negative_win_bounds=tuple(state["negative_win_bounds"]),
-                  max_code_lines=int(state["max_code_lines"]),
-                  max_code_chars=int(state["max_code_chars"]))
+                  negative_win_bounds=tuple(state["negative_win_bounds"]))
         mem.iteration = int(state["iteration"])
         mem._next_index = int(state["next_index"])
         names = {f.name for f in dataclasses.fields(EnvRecord)}
@@ -326,4 +308,4 @@ class EnvironmentMemory:
         return mem
 
 
-__all__ = ["EnvRecord", "EnvironmentMemory", "Exemplar", "STATE_VERSION", "truncate_code"]
+__all__ = ["EnvRecord", "EnvironmentMemory", "Exemplar", "STATE_VERSION"]

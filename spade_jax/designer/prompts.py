@@ -13,13 +13,40 @@ reference document comes from the user's corpus (trusted) and is shown as it is.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
-from spade_jax.designer.memory import Exemplar
+import numpy as np
+
+from spade_jax.designer.memory import EnvironmentMemory, Exemplar
 from spade_jax.models.tokenizer import escape_chat_markers
 from spade_jax.sandbox.text import clean_text
 
 DIFFICULTIES = ("easy", "medium", "hard")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    """How much a designer prompt shows: the self-play designer and the bootstrap's data both use it.
+
+    doc_max_words: words of the reference document kept (the corpus truncates to it).
+    exemplars_positive / exemplars_negative: memory exemplars per prompt
+    (`EnvironmentMemory.exemplars`). exemplar_max_lines / exemplar_max_chars: how much of
+    each exemplar's code is shown (`truncate_code`).
+    """
+
+    doc_max_words: int = 6000
+    exemplars_positive: int = 2
+    exemplars_negative: int = 1
+    exemplar_max_lines: int = 80
+    exemplar_max_chars: int = 4000
+
+    def __post_init__(self):
+        if self.doc_max_words < 1:
+            raise ValueError(f"doc_max_words must be >= 1, got {self.doc_max_words}")
+        for name in ("exemplars_positive", "exemplars_negative", "exemplar_max_lines", "exemplar_max_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 DESIGNER_SYSTEM_PROMPT = """You design training environments for a reasoning agent. An environment is one Python program defining exactly one class whose name ends in Env:
 - __init__(self, max_turns=..., **kwargs)
@@ -71,6 +98,28 @@ def designer_messages(
         {"role": "system", "content": system_prompt},
         {"role": "user", "content": designer_user_prompt(skill, difficulty, reference, exemplars)},
     ]
+
+
+def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
+    """First ``max_lines`` lines and at most ``max_chars`` characters, marked when cut."""
+    lines = code.splitlines()
+    out = "\n".join(lines[:max_lines])
+    cut = len(lines) > max_lines
+    if len(out) > max_chars:
+        out = out[:max_chars].rsplit("\n", 1)[0] if "\n" in out[:max_chars] else out[:max_chars]
+        cut = True
+    return out + "\n# ... (truncated)" if cut else out
+
+
+def slot_messages(memory: EnvironmentMemory, rng: np.random.Generator, skill: str, difficulty: str, doc,
+                  prompt: PromptConfig) -> list[dict]:
+    """The chat messages of one designer slot: exemplars drawn from ``memory``, their code cut
+    to the prompt's size, and ``doc`` (a `Document`, already cut by the corpus)."""
+    exemplars = [
+        dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
+        for e in memory.exemplars(rng, n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative)
+    ]
+    return designer_messages(skill, difficulty, doc.as_reference(), exemplars)
 
 
 def designer_answer(code: str) -> str:

@@ -12,10 +12,11 @@ strings escaped): neither can end the user turn and answer "yes" for the policy.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from spade_jax.agent.conversation import prompt_text
-from spade_jax.sampling import generate
+from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
 REVIEW_SYSTEM_PROMPT = "You check training environments for a reasoning agent."
@@ -35,36 +36,37 @@ def accepts(reply: str) -> bool:
     return reply.strip().lower().startswith("yes")
 
 
-def review(
-    policy,
-    programs: Sequence[str],
-    transcripts: Sequence[Sequence[dict]],
-    *,
-    max_new_tokens: int = 8,
-    max_code_chars: int = 6000,
-    max_transcript_chars: int = 2000,
-    seed: int = 0,
-) -> list[tuple[bool, str]]:
+@dataclasses.dataclass(frozen=True)
+class ReviewConfig:
+    """Greedy replies of up to `max_new_tokens`; the prompt shows at most `max_code_chars` of the
+    source and `max_transcript_chars` of the episode."""
+
+    max_new_tokens: int = 8
+    max_code_chars: int = 6000
+    max_transcript_chars: int = 2000
+
+
+def rejection_reason(reply: str) -> str:
+    """The admission reason recorded for an environment the self-review rejected."""
+    return f"the policy judged it broken: {reply!r}"
+
+
+def review(policy, programs: Sequence[str], transcripts: Sequence[Sequence[dict]], cfg: ReviewConfig = ReviewConfig(),
+           *, seed: int = 0) -> list[tuple[bool, str]]:
     """`(kept, reply)` for each program, judged by the policy (greedy)."""
-    if not programs:
-        return []
     tokenizer = policy.tokenizer
-    prompts = [
-        tokenizer.apply_chat_template(
-            [
-                {"role": "system", "content": REVIEW_SYSTEM_PROMPT},
-                {
-                    "role": "user",
-                    "content": REVIEW_INSTRUCTIONS.format(
-                        code=prompt_text(tokenizer, code[:max_code_chars]),
-                        transcript=prompt_text(tokenizer, render_transcript(messages, max_transcript_chars)),
-                    ),
-                },
-            ],
-            add_generation_prompt=True,
-        )
+    chats = [
+        [
+            {"role": "system", "content": REVIEW_SYSTEM_PROMPT},
+            {
+                "role": "user",
+                "content": REVIEW_INSTRUCTIONS.format(
+                    code=prompt_text(tokenizer, code[: cfg.max_code_chars]),
+                    transcript=prompt_text(tokenizer, render_transcript(messages, cfg.max_transcript_chars)),
+                ),
+            },
+        ]
         for code, messages in zip(programs, transcripts)
     ]
-    generation = generate(policy, prompts, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed)
-    replies = [tokenizer.decode(generation.tokens[i, : generation.lengths[i]]) for i in range(len(programs))]
-    return [(accepts(r), r.strip()) for r in replies]
+    completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=0.0, seed=seed)
+    return [(accepts(c.text), c.text.strip()) for c in completions]

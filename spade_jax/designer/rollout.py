@@ -2,10 +2,10 @@
 staged admission of every program at once (`admit_samples`).
 
 Each slot gets a skill, a difficulty, a corpus document and exemplars drawn from the
-environment memory. Every sampled program goes through the sandbox's admission in one
-concurrent batch; a program that passes but nearly duplicates an earlier program of the
-same batch is rejected at the novelty stage too. Failures keep their stage and reason:
-they become the configured penalty reward for the designer.
+environment memory (`prompts.slot_messages`). Every sampled program goes through the
+sandbox's admission in one concurrent batch, whose novelty stage also rejects a program
+that nearly duplicates an earlier one of the same batch. Failures keep their stage and
+reason: they become the configured penalty reward for the designer.
 """
 
 from __future__ import annotations
@@ -17,23 +17,25 @@ import numpy as np
 
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
-from spade_jax.designer.prompts import designer_messages
-from spade_jax.sampling import generate
+from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, slot_messages
+from spade_jax.envs.library import SKILLS
+from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.admission import AdmissionConfig, AdmissionReport, admit_batch
-from spade_jax.sandbox.similarity import fingerprint, jaccard
 
 
 @dataclasses.dataclass(frozen=True)
 class DesignerConfig:
+    """How designer slots are drawn (skills, difficulties) and sampled, and what their prompts show."""
+
     num_slots: int = 8
-    skills: tuple[str, ...] = ()
+    skills: tuple[str, ...] = SKILLS
     skills_per_regeneration: int = 6
-    difficulties: tuple[str, ...] = ("easy", "medium", "hard")
+    difficulties: tuple[str, ...] = DIFFICULTIES
     max_new_tokens: int = 2048
     temperature: float = 1.0
     top_p: float = 1.0
-    n_positive: int = 2
-    n_negative: int = 1
+    top_k: int = 0
+    prompt: PromptConfig = PromptConfig()
 
 
 @dataclasses.dataclass
@@ -65,51 +67,31 @@ def assign_slots(cfg: DesignerConfig, rng: np.random.Generator) -> list[tuple[st
     return [(chosen[i % k], cfg.difficulties[rng.integers(len(cfg.difficulties))]) for i in range(cfg.num_slots)]
 
 
-def slot_messages(
-    memory: EnvironmentMemory, rng: np.random.Generator, skill: str, difficulty: str, doc, cfg: DesignerConfig
-) -> list[dict]:
-    """The chat messages of one designer slot (self-play and bootstrap data share this)."""
-    exemplars = memory.exemplars(rng, n_positive=cfg.n_positive, n_negative=cfg.n_negative)
-    return designer_messages(skill, difficulty, doc.as_reference(), exemplars)
-
-
 def propose(
     policy, memory: EnvironmentMemory, corpus: Corpus, cfg: DesignerConfig, *, seed: int
 ) -> list[DesignSample]:
     """Samples `cfg.num_slots` programs in one batched call; `report` is still None."""
     rng = np.random.default_rng(seed)
-    tokenizer = policy.tokenizer
     slots = assign_slots(cfg, rng)
     documents = corpus.sample(len(slots))
-    prompts = [
-        tokenizer.apply_chat_template(slot_messages(memory, rng, skill, difficulty, doc, cfg), add_generation_prompt=True)
-        for (skill, difficulty), doc in zip(slots, documents)
-    ]
-    generation = generate(
-        policy,
-        prompts,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        seed=seed,
-    )
-    samples = []
-    for i, ((skill, difficulty), doc) in enumerate(zip(slots, documents)):
-        n = int(generation.lengths[i])
-        samples.append(
-            DesignSample(
-                slot=i,
-                skill=skill,
-                difficulty=difficulty,
-                doc_id=doc.doc_id,
-                doc_excerpt=" ".join(doc.text.split()[:60]),
-                prompt_tokens=np.asarray(prompts[i], np.int32),
-                tokens=generation.tokens[i, :n],
-                logprobs=generation.logprobs[i, :n],
-                text=tokenizer.decode(generation.tokens[i, :n]),
-            )
+    chats = [slot_messages(memory, rng, skill, difficulty, doc, cfg.prompt)
+             for (skill, difficulty), doc in zip(slots, documents)]
+    completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                 top_p=cfg.top_p, top_k=cfg.top_k, seed=seed)
+    return [
+        DesignSample(
+            slot=i,
+            skill=skill,
+            difficulty=difficulty,
+            doc_id=doc.doc_id,
+            doc_excerpt=" ".join(doc.text.split()[:60]),
+            prompt_tokens=np.asarray(completion.prompt_tokens, np.int32),
+            tokens=completion.tokens,
+            logprobs=completion.logprobs,
+            text=completion.text,
         )
-    return samples
+        for i, (((skill, difficulty), doc), completion) in enumerate(zip(zip(slots, documents), completions))
+    ]
 
 
 def admit_samples(
@@ -124,28 +106,5 @@ def admit_samples(
     ``seed`` draws the admission's probe seeds and actions (None: OS entropy).
     """
     archive = [record.code for record in memory.records()]
-    reports = reject_batch_duplicates(
-        admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool, seed=seed), admission
-    )
+    reports = admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool, seed=seed)
     return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]
-
-
-def reject_batch_duplicates(reports: Sequence[AdmissionReport], admission: AdmissionConfig) -> list[AdmissionReport]:
-    """Rejects an admitted program that nearly duplicates an earlier admitted one of the same batch."""
-    kept: list[tuple[int, frozenset]] = []
-    out = []
-    for i, report in enumerate(reports):
-        if report.admitted:
-            mine = fingerprint(report.code)
-            twin = next((j for j, other in kept if jaccard(mine, other) >= admission.novelty_threshold), None)
-            if twin is not None:
-                report = dataclasses.replace(
-                    report,
-                    admitted=False,
-                    stage="novelty",
-                    reason=f"near-duplicate of program {twin} of the same batch",
-                )
-            else:
-                kept.append((i, mine))
-        out.append(report)
-    return out

@@ -2,18 +2,90 @@
 
 Presets in `configs/` call `base_config()` and override fields; `validate` runs before
 any work and stops with one message naming the field to fix. Each stage receives its
-own small frozen dataclass built here, so stages never read the ConfigDict.
+own small frozen dataclass (`designer_config`, `agent_config`, ...), so stages never read
+the ConfigDict. A stage's section is made from its dataclass (`section`) and read back
+into it (`from_section`): each default is written once, in the dataclass, and every
+field of it can be set from the command line. The loop's own knobs (how many episodes,
+replays, weights) are written here, beside the stage fields of the same section.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+import typing
+from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 
+from spade_jax.agent import AgentConfig, HintConfig
+from spade_jax.bootstrap import BootstrapConfig
+from spade_jax.designer.corpus import CorpusConfig
+from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.prompts import PromptConfig
+from spade_jax.designer.review import ReviewConfig
+from spade_jax.designer.rollout import DesignerConfig
 from spade_jax.envs.library import SKILLS
+from spade_jax.rl.rewards import DesignerRewardConfig
+from spade_jax.rl.train import LossConfig, OptimConfig
+from spade_jax.sandbox import SandboxConfig
+from spade_jax.sandbox.admission import AdmissionConfig
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
+_SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _defaults(target) -> dict[str, tuple[Any, Any]]:
+    """``{name: (default, annotation)}`` of a dataclass's fields or a class's keyword arguments."""
+    if dataclasses.is_dataclass(target):
+        hints = typing.get_type_hints(target)
+        out = {}
+        for f in dataclasses.fields(target):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = (default, hints.get(f.name))
+        return out
+    parameters = inspect.signature(target).parameters.values()
+    return {p.name: (p.default, p.annotation) for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def _config_value(default: Any, annotation: Any) -> Any:
+    """``default`` as a ConfigDict value: dataclasses become sections, None a typed placeholder."""
+    if dataclasses.is_dataclass(default):
+        return section(type(default), **{k: getattr(default, k) for k in _defaults(type(default))})
+    if default is None:
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return config_dict.placeholder(kinds[0] if len(kinds) == 1 else object)
+    return default
+
+
+def section(target, *, exclude: tuple[str, ...] = (), **values: Any) -> ml_collections.ConfigDict:
+    """A config section holding the defaults of ``target`` (a dataclass or a class) less ``exclude``.
+
+    ``values`` override those defaults or add the loop's own fields beside them.
+    """
+    fields = {name: _config_value(default, annotation)
+              for name, (default, annotation) in _defaults(target).items() if name not in exclude}
+    for name, value in values.items():
+        fields[name] = _config_value(value, None) if dataclasses.is_dataclass(value) else value
+    return ml_collections.ConfigDict(fields)
+
+
+def from_section(target, cfg: ml_collections.ConfigDict, **overrides: Any):
+    """``target`` built from the fields of ``cfg`` it declares (lists as tuples, nested dataclasses
+    from their sub-sections), then ``overrides``. Other fields of the section are the loop's."""
+    values = {}
+    for name, (default, _) in _defaults(target).items():
+        if name in overrides or name not in cfg:
+            continue
+        value = cfg[name]
+        if dataclasses.is_dataclass(default):
+            value = from_section(type(default), value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    return target(**values, **overrides)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,112 +116,109 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
 
-    c.corpus = ml_collections.ConfigDict(
-        dict(paths=(), name="", split="train", data_dir="", text_key="text", id_key="", max_words=6000)
+    # Document truncation is `designer.prompt.doc_max_words`; the sampling order follows `seed`.
+    c.corpus = section(CorpusConfig, exclude=("max_words", "seed"))
+    c.designer = section(
+        DesignerConfig,
+        regeneration_period=1,  # design new environments every N iterations; play the pool between
+        reward_delay=0,  # iterations of play whose episodes count towards the designer's reward
+        self_review=False,
+        review=ReviewConfig(),
+        reward=DesignerRewardConfig(),
     )
-
-    c.designer = ml_collections.ConfigDict(
-        dict(
-            num_slots=8,
-            skills=SKILLS,
-            skills_per_regeneration=6,
-            difficulties=("easy", "medium", "hard"),
-            max_new_tokens=2048,
-            temperature=1.0,
-            top_p=1.0,
-            n_positive=2,
-            n_negative=1,
-            regeneration_period=1,  # design new environments every N iterations; play the pool between
-            reward_delay=0,  # iterations of play whose episodes count towards the designer's reward
-            self_review=False,
-            review_max_new_tokens=8,
-        )
+    # The maximum number of turns is the agent's (`agent.max_turns`); the sandbox is `sandbox`.
+    c.admission = section(AdmissionConfig, exclude=("max_turns", "sandbox"))
+    c.sandbox = section(SandboxConfig)
+    c.memory = section(EnvironmentMemory, seed_library=True)
+    c.hints = section(HintConfig)
+    c.agent = section(
+        AgentConfig,
+        episodes_per_env=16,
+        train_hinted=False,
+        regret_weighting=False,
+        regret_temperature=1.0,
+        replay_envs=0,  # environments replayed from memory each iteration besides the new pool
     )
-    c.designer.reward = ml_collections.ConfigDict(
-        dict(
-            kind="blend",
-            regret_weight=0.4,
-            regret_scale=0.15,
-            plateau_weight=0.6,
-            plateau_low=0.4,
-            plateau_high=0.6,
-            plateau_ramp=0.25,
-            failure_penalty=-1.0,
-        )
-    )
-
-    c.admission = ml_collections.ConfigDict(
-        dict(
-            num_seeds=3,
-            novelty_threshold=0.85,
-            reward_min=-1.0,
-            reward_max=1.0,
-            random_plays=8,
-            max_random_win_rate=0.5,
-            pause_s=1.0,
-            time_budget_s=30.0,
-        )
-    )
-
-    c.sandbox = ml_collections.ConfigDict(
-        dict(
-            num_workers=2,
-            isolation="auto",
-            load_timeout_s=10.0,
-            call_timeout_s=5.0,
-            cpu_seconds=120,
-            memory_mb=1024,
-            episode_time_s=120.0,
-            pool_memory_mb=4096,
-            pool_processes=4096,
-        )
-    )
-
-    c.memory = ml_collections.ConfigDict(
-        dict(capacity=200, staleness_decay=0.95, max_code_lines=80, max_code_chars=4000, seed_library=True)
-    )
-
-    c.hints = ml_collections.ConfigDict(dict(mode="self", max_new_tokens=96, temperature=0.7))
-
-    c.agent = ml_collections.ConfigDict(
-        dict(
-            episodes_per_env=16,
-            max_turns=8,
-            max_new_tokens=512,
-            context_budget=4096,
-            temperature=1.0,
-            top_p=1.0,
-            timeout_penalty=-0.5,
-            train_hinted=False,
-            regret_weighting=False,
-            regret_temperature=1.0,
-            replay_envs=0,  # environments replayed from memory each iteration besides the new pool
-        )
-    )
-
-    c.rl = ml_collections.ConfigDict(
-        dict(
-            lr=1e-6,
-            weight_decay=0.1,
-            b1=0.9,
-            b2=0.98,
-            grad_clip=1.0,
-            warmup_steps=0,
-            eps_low=0.2,
-            eps_high=0.28,
-            tis_cap=2.0,
-            kl_coef=0.0,
-            designer_weight=1.0,
-            agent_weight=1.0,
-            row_length=4096,
-            micro_batch_rows=0,
-            updates_per_iteration=1,
-        )
-    )
+    c.rl = section(OptimConfig)
+    c.rl.update(section(LossConfig, exclude=("objective",)))
+    c.rl.update(dict(designer_weight=1.0, agent_weight=1.0, row_length=4096, updates_per_iteration=1))
 
     c.checkpoint = ml_collections.ConfigDict(dict(every=1, keep=3, async_save=True))
     c.log = ml_collections.ConfigDict(dict(gallery=True, progress=True))
     return c
+
+
+# ---- the stage views ----------------------------------------------------------------------
+
+
+def prompt_config(c) -> PromptConfig:
+    return from_section(PromptConfig, c.designer.prompt)
+
+
+def designer_config(c) -> DesignerConfig:
+    return from_section(DesignerConfig, c.designer)
+
+
+def review_config(c) -> ReviewConfig:
+    return from_section(ReviewConfig, c.designer.review)
+
+
+def reward_config(c) -> DesignerRewardConfig:
+    return from_section(DesignerRewardConfig, c.designer.reward)
+
+
+def sandbox_config(c) -> SandboxConfig:
+    return from_section(SandboxConfig, c.sandbox)
+
+
+def admission_config(c) -> AdmissionConfig:
+    return from_section(AdmissionConfig, c.admission, max_turns=c.agent.max_turns, sandbox=sandbox_config(c))
+
+
+def agent_config(c) -> AgentConfig:
+    return from_section(AgentConfig, c.agent)
+
+
+def hint_config(c) -> HintConfig:
+    return from_section(HintConfig, c.hints)
+
+
+def corpus_config(c) -> CorpusConfig:
+    return from_section(CorpusConfig, c.corpus, max_words=c.designer.prompt.doc_max_words, seed=c.seed)
+
+
+def memory(c) -> EnvironmentMemory:
+    """An empty environment memory as `config.memory` describes it (seeds are added by the loop)."""
+    return from_section(EnvironmentMemory, c.memory)
+
+
+def optim_config(c) -> OptimConfig:
+    return from_section(OptimConfig, c.rl)
+
+
+def loss_config(c) -> LossConfig:
+    return from_section(LossConfig, c.rl, objective="pg")
+
+
+def bootstrap_config(c) -> BootstrapConfig:
+    """`config.bootstrap` (less `cache_dir`) with the run's designer prompt; ValueError names a bad field."""
+    if "bootstrap" not in c:
+        raise ValueError("config.bootstrap: model.source='bootstrap' needs a bootstrap section (see configs/tiny.py)")
+    unknown = sorted(set(c.bootstrap) - set(_defaults(BootstrapConfig)) - {"cache_dir", "prompt"})
+    if unknown:
+        raise ValueError(f"config.bootstrap: unknown field(s) {unknown}")
+    try:
+        return from_section(BootstrapConfig, c.bootstrap, prompt=prompt_config(c))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config.bootstrap: {err}") from None
+
+
+_STAGES = (
+    ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
+    ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
+    ("agent", agent_config), ("hints", hint_config), ("corpus", corpus_config), ("memory", memory),
+    ("rl", optim_config), ("rl", loss_config),
+)
 
 
 def _fail(field: str, message: str) -> None:
@@ -165,7 +234,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     if c.model.source == "pretrained" and not c.model.path:
         _fail("model.path", "model.source='pretrained' needs a path (HF directory, .gguf file, or 'packaged')")
     if c.model.source == "bootstrap":
-        _validate_bootstrap(c)
+        bootstrap_config(c)
     for field in ("dtype", "param_dtype"):
         if c.model[field] not in ("float32", "bfloat16"):
             _fail(f"model.{field}", f"must be float32 or bfloat16, got {c.model[field]!r}")
@@ -210,36 +279,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
 
 def _validate_stage_configs(c: ml_collections.ConfigDict) -> None:
     """Builds every stage's config, so their own checks also run before any work."""
-    from spade_jax.selfplay import setup
-
-    builders = [
-        ("designer", setup.designer_config), ("admission", setup.admission_config), ("agent", setup.agent_config),
-        ("hints", setup.hint_config), ("designer.reward", setup.reward_config), ("sandbox", setup.sandbox_config),
-        ("rl", setup.optim_config), ("rl", setup.loss_config),
-    ]
-    for section, build in builders:
+    for field, build in _STAGES:
         try:
             build(c)
         except (TypeError, ValueError) as err:
-            _fail(section, str(err))
-
-
-def _validate_bootstrap(c: ml_collections.ConfigDict) -> None:
-    """The bootstrap's own checks, and the designer prompt sizes it was trained on."""
-    from spade_jax.selfplay.setup import bootstrap_config
-
-    boot = bootstrap_config(c)
-    trained_on = {
-        "corpus.max_words": ("doc_max_words", c.corpus.max_words),
-        "designer.n_positive": ("exemplars_positive", c.designer.n_positive),
-        "designer.n_negative": ("exemplars_negative", c.designer.n_negative),
-        "memory.max_code_lines": ("exemplar_max_lines", c.memory.max_code_lines),
-        "memory.max_code_chars": ("exemplar_max_chars", c.memory.max_code_chars),
-    }
-    for field, (boot_field, value) in trained_on.items():
-        if value != getattr(boot, boot_field):
-            _fail(field, f"is {value} but the bootstrap was trained on bootstrap.{boot_field}="
-                         f"{getattr(boot, boot_field)}; set both to the same value")
+            _fail(field, str(err))
 
 
 def parse_arg(arg: str | None, **defaults):

@@ -1,0 +1,42 @@
+"""Chats to completions: the chat template, one batched `generate` call, the decoded replies.
+
+The designer, the hint writer and the self-review all ask the policy one question per
+item; this is the one place that turns their chats into sampled replies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from spade_jax.sampling.sampler import generate
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One reply: the prompt's token ids, the generated ids (with the stop token when one
+    ended it), their sampler log-probabilities and the decoded text."""
+
+    prompt_tokens: list[int]
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    text: str
+
+
+def complete_chats(policy, chats: Sequence[Sequence[dict]], *, max_new_tokens: int, temperature: float = 1.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> list[Completion]:
+    """One completion per chat (a list of ``{"role", "content"}`` messages), sampled in one batch."""
+    if not chats:
+        return []
+    tokenizer = policy.tokenizer
+    prompts = [tokenizer.apply_chat_template(list(chat), add_generation_prompt=True) for chat in chats]
+    generation = generate(policy, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, seed=seed)
+    completions = []
+    for i, prompt in enumerate(prompts):
+        n = int(generation.lengths[i])
+        tokens = generation.tokens[i, :n]
+        completions.append(Completion(list(prompt), tokens, generation.logprobs[i, :n], tokenizer.decode(tokens)))
+    return completions
