@@ -120,10 +120,10 @@ def tiny_selfplay_config():
     c.model.source = "random"
     c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
     c.mesh.shape = (1, 1, 1)
-    c.corpus.max_words = 20
+    c.designer.prompt.doc_max_words = 20
     c.designer.num_slots = 2
     c.designer.max_new_tokens = 24
-    c.memory.max_code_lines = 4
+    c.designer.prompt.exemplar_max_lines = 4
     c.agent.episodes_per_env = 2
     c.agent.max_turns = 2
     c.agent.max_new_tokens = 8
@@ -184,7 +184,7 @@ def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer
     monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
     calls = []
 
-    def scripted_review(policy, programs, transcripts, **kw):
+    def scripted_review(policy, programs, transcripts, cfg, **kw):
         calls.append((programs, transcripts))
         return [(reply.startswith("yes"), reply)] * len(programs)
 
@@ -206,25 +206,25 @@ def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer
         assert metrics["designer/reward_mean"] > -1.0 and len(run.memory) == 17 + 2
     else:
         assert metrics["designer/reward_mean"] == -1.0 and len(run.memory) == 17
-    lines = [r for r in run_log(tmp_path) if r.get("slot") is not None]
-    assert {r["admitted"] for r in lines} == {kept}
-    assert all((r["stage"] == "self_review") != kept for r in lines)
+    lines = [e for e in run_log(tmp_path) if e.slot is not None]
+    assert {e.admitted for e in lines} == {kept}
+    assert all((e.stage == "self_review") != kept for e in lines)
 
 
 def run_log(workdir):
-    from spade_jax.selfplay.report import EnvLog
+    from spade_jax.selfplay.runlog import EnvLog
 
     return EnvLog(workdir).read()
 
 
 def test_review_parses_yes_no_from_a_real_sampler(small_tokenizer):
-    from spade_jax.designer.review import accepts, review
+    from spade_jax.designer.review import ReviewConfig, accepts, review
 
     assert accepts(" Yes, it works") and not accepts("no") and not accepts("maybe yes")
     config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16)
     policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    out = review(policy, ["class AEnv: pass"] * 2, [[{"role": "user", "content": "hi"}]] * 2, max_new_tokens=4)
+    out = review(policy, ["class AEnv: pass"] * 2, [[{"role": "user", "content": "hi"}]] * 2, ReviewConfig(max_new_tokens=4))
     assert len(out) == 2 and all(isinstance(k, bool) and isinstance(r, str) for k, r in out)
 
 
@@ -304,12 +304,12 @@ def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_pa
     assert metrics["designer/proposed"] == 2
     if admitted:
         assert metrics["agent/episodes"] == 8  # 2 programs x (2 plain + 2 hinted), every one failed
-        errors = [r for r in run_log(tmp_path) if r.get("slot") is not None]
+        errors = [e for e in run_log(tmp_path) if e.slot is not None]
         assert len(errors) == 2
     else:
         assert metrics["designer/admitted"] == 0
-        lines = [r for r in run_log(tmp_path) if r.get("slot") is not None]
-        reasons = [r["reason"] for r in lines]
+        lines = [e for e in run_log(tmp_path) if e.slot is not None]
+        reasons = [e.reason for e in lines]
         assert any("killed by SIGKILL" in r or "exited with code 9" in r for r in reasons), reasons
         assert any("protocol error" in r for r in reasons), reasons
     assert metrics["train/tokens"] > 0

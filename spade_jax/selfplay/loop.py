@@ -25,23 +25,25 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from spade_jax.agent import EpisodeRequest, play_episodes, write_hints
+from spade_jax.agent import matched_requests, play_episodes, write_hints
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
-from spade_jax.designer.review import review
+from spade_jax.designer.review import rejection_reason, review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
-from spade_jax.rl import advantages as adv_lib
-from spade_jax.rl import rewards as rew_lib
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
 from spade_jax.sandbox import SandboxPool
-from spade_jax.selfplay import setup
+from spade_jax.selfplay import config as config_lib
+from spade_jax.selfplay import scoring
 from spade_jax.selfplay.checkpoint import Checkpointer
+from spade_jax.selfplay.console import phase_bar, summary_line
 from spade_jax.selfplay.distributed import ShardedPool, is_main_process
-from spade_jax.selfplay.report import EnvLog, MetricsWriter, phase_bar, summary_line, write_gallery
-from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv
+from spade_jax.selfplay.gallery import write_gallery
+from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
+from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry, MetricsWriter
+from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
 
 _PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6}
 
@@ -61,25 +63,23 @@ class SelfPlay:
         self.config = config
         self.workdir = os.path.abspath(workdir)
         self.main = is_main_process()
-        self.policy = policy or setup.build_policy(config, self.workdir, setup.mesh_from_config(config))
+        self.policy = policy or build_policy(config, self.workdir, mesh_from_config(config))
         if self.policy.tokenizer is None:
             raise ValueError("self-play needs a policy with a tokenizer")
-        self.trainer = Trainer(self.policy, setup.optim_config(config), setup.loss_config(config))
-        self.designer_cfg = setup.designer_config(config)
-        self.admission_cfg = setup.admission_config(config)
-        self.agent_cfg = setup.agent_config(config)
-        self.hint_cfg = setup.hint_config(config)
-        self.reward_cfg = setup.reward_config(config)
-        self.pool = ShardedPool(SandboxPool(setup.sandbox_config(config)))
+        self.trainer = Trainer(self.policy, config_lib.optim_config(config), config_lib.loss_config(config))
+        self.designer_cfg = config_lib.designer_config(config)
+        self.admission_cfg = config_lib.admission_config(config)
+        self.agent_cfg = config_lib.agent_config(config)
+        self.hint_cfg = config_lib.hint_config(config)
+        self.review_cfg = config_lib.review_config(config)
+        self.reward_cfg = config_lib.reward_config(config)
+        self.pool = ShardedPool(SandboxPool(config_lib.sandbox_config(config)))
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
-        m = config.memory
-        self.memory = EnvironmentMemory(
-            m.capacity, staleness_decay=m.staleness_decay, max_code_lines=m.max_code_lines, max_code_chars=m.max_code_chars
-        )
-        if m.seed_library:
+        self.memory = config_lib.memory(config)
+        if config.memory.seed_library:
             for seed_env in library.SEED_ENVS:
                 self.memory.add_seed(library.load_source(seed_env.name), seed_env.skill, name=seed_env.name)
-        self.corpus = Corpus.from_config(setup.corpus_config(config))
+        self.corpus = Corpus.from_config(config_lib.corpus_config(config))
         self.state = LoopState()
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save
@@ -200,7 +200,7 @@ class SelfPlay:
 
     # ---- one iteration ----------------------------------------------------------------------
 
-    def iteration(self, it: int) -> tuple[dict, list[dict]]:
+    def iteration(self, it: int) -> tuple[dict, list[EnvLogEntry]]:
         cfg = self.config
         times: dict[str, float] = {}
         metrics: dict[str, float] = {}
@@ -228,15 +228,30 @@ class SelfPlay:
             trajectories, review_rejected = self._self_review(envs, trajectories, it, metrics)
             times["review_s"] = time.perf_counter() - start
 
-        agent_sequences, env_stats = self._agent_sequences(envs, trajectories, metrics)
-        designer_sequences, designer_rewards = self._designer_sequences(it, metrics)
+        for t in trajectories:
+            plays = envs[t.request.env_key].hinted if t.hinted else envs[t.request.env_key].plain
+            plays.append((t.request.seed, t.reward))
+        stats = scoring.env_statistics(envs)
+        metrics.update(scoring.agent_metrics(trajectories, stats))
+        agent_sequences = scoring.agent_sequences(
+            trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
+            regret_temperature=cfg.agent.regret_temperature, weight=cfg.rl.agent_weight,
+        )
+        due = [p for p in self.state.pending if p.due_iteration <= it]
+        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
+        designer = scoring.designer_scores(
+            due, {e.env_id: s for e, s in zip(envs, stats) if s is not None and not e.is_replay}, self.reward_cfg,
+            weight=cfg.rl.designer_weight,
+        )
+        if due:
+            metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
 
         start = time.perf_counter()
-        train_metrics = self._update(agent_sequences + designer_sequences)
+        train_metrics = self._update(agent_sequences + designer.sequences)
         times["update_s"] = time.perf_counter() - start
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
 
-        env_records = self._remember(it, envs, env_stats, designer_rewards, designs, trajectories, review_rejected)
+        env_log = self._remember(it, envs, stats, designer.by_env_id, designs, trajectories, review_rejected)
         if it % cfg.designer.regeneration_period == cfg.designer.regeneration_period - 1:
             self.state.pool = []
         metrics["memory/size"] = len(self.memory)
@@ -245,7 +260,7 @@ class SelfPlay:
         metrics["sampler/tokens_per_s"] = generated / sampling_time if sampling_time else math.nan
         times["iteration_s"] = time.perf_counter() - tic
         metrics.update({f"time/{k}": v for k, v in times.items()})
-        return metrics, env_records
+        return metrics, env_log
 
     def _design(self, it: int, metrics: dict, times: dict) -> list[DesignSample]:
         cfg = self.config
@@ -264,7 +279,7 @@ class SelfPlay:
         times["admission_s"] = time.perf_counter() - start - times["design_s"]
         self.state.pool = []
         for d in designs:
-            env_id = f"it{it:04d}-slot{d.slot:02d}" if d.admitted else None
+            env_id = design_env_id(it, d.slot) if d.admitted else None
             if env_id:
                 self.state.pool.append(
                     PoolEnv(env_id, d.report.code, d.skill, d.doc_id, design_iteration=it)
@@ -319,20 +334,7 @@ class SelfPlay:
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
-            for hinted in (False, True):
-                if hinted and self.hint_cfg.mode == "none":
-                    continue
-                for s in seeds:
-                    requests.append(
-                        EpisodeRequest(
-                            env_key=e_index,
-                            program=env.code,
-                            seed=s,
-                            hinted=hinted,
-                            hint=env.hint if hinted and self.hint_cfg.mode == "self" else None,
-                            hint_from_solution=hinted and self.hint_cfg.mode == "solution",
-                        )
-                    )
+            requests += matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint)
         if not requests:
             return []
         with phase_bar("episodes", len(requests), enabled=self.config.log.progress and self.main) as bar:
@@ -359,7 +361,7 @@ class SelfPlay:
             self.policy,
             [envs[i].code for i in judged],
             [samples[i].messages for i in judged],
-            max_new_tokens=self.config.designer.review_max_new_tokens,
+            self.review_cfg,
             seed=derive_seed(self.config.seed, it, _PHASES["review"]),
         )
         rejected = {envs[i].env_id: reply for i, (kept, reply) in zip(judged, verdicts) if not kept}
@@ -369,98 +371,10 @@ class SelfPlay:
         self.state.pool = [e for e in self.state.pool if e.env_id not in rejected]
         for p in self.state.pending:
             if p.env_id in rejected:
-                p.stage, p.reason = "self_review", f"the policy judged it broken: {rejected[p.env_id]!r}"
+                p.stage, p.reason = "self_review", rejection_reason(rejected[p.env_id])
                 p.env_id = None
         dropped = {i for i, e in enumerate(envs) if e.env_id in rejected}
         return [t for t in trajectories if t.request.env_key not in dropped], rejected
-
-    def _agent_sequences(self, envs, trajectories, metrics) -> tuple[list[TrainSequence], list]:
-        cfg = self.config
-        stats = []
-        for e_index, env in enumerate(envs):
-            plain = [t for t in trajectories if t.request.env_key == e_index and not t.hinted]
-            hinted = [t for t in trajectories if t.request.env_key == e_index and t.hinted]
-            env.plain.extend((t.request.seed, t.reward) for t in plain)
-            env.hinted.extend((t.request.seed, t.reward) for t in hinted)
-            stats.append(
-                rew_lib.env_stats(
-                    [t.reward for t in plain],
-                    [t.reward for t in hinted],
-                    plain_seeds=[t.request.seed for t in plain],
-                    hinted_seeds=[t.request.seed for t in hinted],
-                )
-                if plain
-                else None
-            )
-        plain_all = [t for t in trajectories if not t.hinted]
-        hinted_all = [t for t in trajectories if t.hinted]
-        metrics["agent/episodes"] = len(trajectories)
-        metrics["agent/plain_win_rate"] = _mean([t.won for t in plain_all])
-        metrics["agent/hinted_win_rate"] = _mean([t.won for t in hinted_all])
-        metrics["agent/plain_reward_mean"] = _mean([t.reward for t in plain_all])
-        metrics["agent/hinted_reward_mean"] = _mean([t.reward for t in hinted_all])
-        metrics["env/regret_mean"] = _mean([s.regret for s in stats if s is not None])
-        if not trajectories:
-            return [], stats
-        result = adv_lib.agent_advantages(
-            [t.reward for t in trajectories],
-            [t.request.env_key for t in trajectories],
-            [t.hinted for t in trajectories],
-            train_hinted=cfg.agent.train_hinted,
-        )
-        weights = np.full(len(envs), 1.0)
-        if cfg.agent.regret_weighting and envs:
-            weights = adv_lib.regret_rank_weights(
-                [s.regret if s else 0.0 for s in stats], temperature=cfg.agent.regret_temperature
-            )
-        sequences = [
-            TrainSequence(
-                t.tokens,
-                t.loss_mask,
-                t.sampler_logprobs,
-                advantage=float(a),
-                weight=cfg.rl.agent_weight * float(weights[t.request.env_key]),
-                role="agent",
-            )
-            for t, a, train in zip(trajectories, result.advantages, result.train)
-            if train and t.loss_mask.any()
-        ]
-        return sequences, stats
-
-    def _designer_sequences(self, it: int, metrics: dict) -> tuple[list[TrainSequence], dict[str, float]]:
-        """Designer samples whose reward is due: their sequences and the reward per admitted env."""
-        due = [p for p in self.state.pending if p.due_iteration <= it]
-        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
-        if not due:
-            return [], {}
-        by_id = {e.env_id: e for e in self.state.pool}
-        stats = []
-        for p in due:
-            env = by_id.get(p.env_id) if p.env_id else None
-            if env is None or not env.plain:
-                stats.append(None)
-                continue
-            plain_seeds, plain_rewards = zip(*env.plain)
-            hinted_seeds, hinted_rewards = zip(*env.hinted) if env.hinted else ((), ())
-            stats.append(
-                rew_lib.env_stats(
-                    plain_rewards,
-                    hinted_rewards,
-                    plain_seeds=list(plain_seeds) if hinted_seeds else None,
-                    hinted_seeds=list(hinted_seeds) if hinted_seeds else None,
-                )
-            )
-        rewards = rew_lib.designer_rewards(stats, self.reward_cfg)
-        advantages = adv_lib.designer_advantages(rewards, [p.skill for p in due])
-        metrics["designer/reward_mean"] = float(np.mean(rewards))
-        sequences = []
-        for p, a in zip(due, advantages):
-            tokens, mask, logprobs = p.sequence_arrays()
-            if mask.any():
-                sequences.append(
-                    TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=self.config.rl.designer_weight, role="designer")
-                )
-        return sequences, {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
 
     def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
         if not sequences:
@@ -483,87 +397,51 @@ class SelfPlay:
             )
         return metrics
 
-    def _remember(self, it, envs, stats, designer_rewards, designs, trajectories, review_rejected) -> list[dict]:
-        """Adds or updates memory records and returns this iteration's environment log lines."""
-        records = []
+    def _remember(self, it, envs, stats, designer_rewards, designs, trajectories,
+                  review_rejected) -> list[EnvLogEntry]:
+        """Adds or updates memory records and returns this iteration's environment log entries."""
+        entries: dict[str | None, EnvLogEntry] = {}
+        played = []
         sample_of = {}
         for t in trajectories:
             sample_of.setdefault((t.request.env_key, t.hinted), t)
         for e_index, (env, s) in enumerate(zip(envs, stats)):
             if s is None:
                 continue
-            values = dict(
-                win_rate=s.win_rate,
-                mean_plain=s.mean_plain,
-                mean_hinted=s.mean_hinted,
-                regret=s.regret,
-            )
+            values = dict(win_rate=s.win_rate, mean_plain=s.mean_plain, mean_hinted=s.mean_hinted, regret=s.regret)
+            reward = designer_rewards.get(env.env_id)
             if env.env_id in self.memory:
-                self.memory.update(env.env_id, iteration=it, designer_reward=designer_rewards.get(env.env_id), **values)
+                self.memory.update(env.env_id, iteration=it, designer_reward=reward, **values)
             elif not env.is_replay:
-                self.memory.add(
-                    env.code,
-                    env.skill,
-                    iteration=it,
-                    doc_id=env.doc_id,
-                    designer_reward=designer_rewards.get(env.env_id),
-                    env_id=env.env_id,
-                    **values,
-                )
+                self.memory.add(env.code, env.skill, iteration=it, doc_id=env.doc_id, designer_reward=reward,
+                                env_id=env.env_id, **values)
             plain_t, hinted_t = sample_of.get((e_index, False)), sample_of.get((e_index, True))
-            records.append(
-                dict(
-                    env_id=env.env_id,
-                    iteration=it,
-                    skill=env.skill,
-                    doc_id=env.doc_id,
-                    code=env.code,
-                    admitted=True,
-                    is_seed=env.env_id.startswith("seed-"),
-                    hinted_win_rate=s.hinted_win_rate,
-                    designer_reward=designer_rewards.get(env.env_id),
-                    transcript=plain_t.messages if plain_t else None,
-                    hinted_transcript=hinted_t.messages if hinted_t else None,
-                    hint=env.hint,
-                    replay=env.is_replay,
-                    **values,
-                )
+            entry = EnvLogEntry(
+                iteration=it, env_id=env.env_id, skill=env.skill, doc_id=env.doc_id, code=env.code, admitted=True,
+                is_seed=env.env_id.startswith("seed-"), replay=env.is_replay, hinted_win_rate=s.hinted_win_rate,
+                designer_reward=reward, transcript=plain_t.messages if plain_t else None,
+                hinted_transcript=hinted_t.messages if hinted_t else None, hint=env.hint, **values,
             )
-        by_id = {r["env_id"]: r for r in records}
+            played.append(entry)
+            entries.setdefault(env.env_id, entry)
+        designed = []
         for d in designs:
-            env_id = f"it{it:04d}-slot{d.slot:02d}" if d.admitted else None
-            line = by_id.get(env_id) if env_id else None
-            base = dict(
-                slot=d.slot,
-                difficulty=d.difficulty,
-                doc_excerpt=d.doc_excerpt,
-                stage=d.report.stage,
-                reason=d.report.reason,
-                timings=d.report.timings,
-            )
+            env_id = design_env_id(it, d.slot) if d.admitted else None
+            stage, reason = d.report.stage, d.report.reason
             if env_id in review_rejected:
-                base.update(stage="self_review", reason=f"the policy judged it broken: {review_rejected[env_id]!r}")
-            if line is not None:
-                line.update(base)
+                stage, reason = "self_review", rejection_reason(review_rejected[env_id])
+            design = dict(slot=d.slot, difficulty=d.difficulty, doc_excerpt=d.doc_excerpt, stage=stage, reason=reason,
+                          timings=d.report.timings)
+            entry = entries.get(env_id) if env_id else None
+            if entry is not None:
+                for field, value in design.items():
+                    setattr(entry, field, value)
             else:
-                records.append(
-                    dict(
-                        base,
-                        env_id=env_id,
-                        iteration=it,
-                        skill=d.skill,
-                        doc_id=d.doc_id,
-                        code=d.report.code or d.text,
-                        admitted=d.admitted and env_id not in review_rejected,
-                        is_seed=False,
-                    )
-                )
-        return records
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else math.nan
+                designed.append(EnvLogEntry(
+                    iteration=it, env_id=env_id, skill=d.skill, doc_id=d.doc_id, code=d.report.code or d.text,
+                    admitted=d.admitted and env_id not in review_rejected, **design,
+                ))
+        return played + designed
 
 
 def _in_main_thread() -> bool:

@@ -7,6 +7,11 @@ import dataclasses
 import numpy as np
 
 
+def design_env_id(iteration: int, slot: int) -> str:
+    """The id of the environment that designer slot ``slot`` of ``iteration`` created."""
+    return f"it{iteration:04d}-slot{slot:02d}"
+
+
 @dataclasses.dataclass
 class PoolEnv:
     """An environment the agent plays this period: a new design or a replay from memory.

@@ -1,5 +1,4 @@
-"""What a person sees of a run: metrics files, the per-iteration summary line, phase
-progress bars and the log of designed environments.
+"""The run's files: metrics (JSONL and TensorBoard) and the log of designed environments.
 
 Files in the workdir (the gallery in ``gallery.py`` reads the two JSONL logs):
 
@@ -7,7 +6,8 @@ Files in the workdir (the gallery in ``gallery.py`` reads the two JSONL logs):
   (non-finite values become null). No wall-clock fields, so a resumed run's file equals
   an uninterrupted run's byte for byte.
 - ``tensorboard/``: the same scalars as TensorBoard event files (tag = metric key).
-- ``gallery/envs.jsonl``: one JSON object per designed (or replayed) environment.
+- ``gallery/envs.jsonl``: one `EnvLogEntry` per designed (or replayed) environment and
+  iteration, as a JSON object without its null fields.
 
 Resuming from iteration ``k`` drops every logged line with ``iteration > k``. The loop
 should create these writers on the main process only. Pure Python (no jax).
@@ -15,6 +15,7 @@ should create these writers on the main process only. Pure Python (no jax).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -22,7 +23,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any, TextIO
+from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -177,128 +178,78 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict]:
     return [by_iteration[it] for it in sorted(by_iteration)]
 
 
-class EnvLog:
-    """Append-only log of designed environments, ``workdir/gallery/envs.jsonl``.
+@dataclasses.dataclass
+class EnvLogEntry:
+    """One environment in one iteration, as ``gallery/envs.jsonl`` holds it.
 
-    Each record is one environment in one iteration (fields listed in ``gallery.py``);
-    replayed environments get a new record with the same ``env_id``.
+    A design of this iteration carries its prompt (slot, difficulty, doc_excerpt) and
+    admission verdict (stage, reason, timings); an environment that was played carries its
+    statistics, a sample plain and hinted transcript and its hint. Entries sharing an
+    ``env_id`` are one environment played in several iterations (replays, seeds); a
+    rejected design has ``env_id`` None.
     """
+
+    iteration: int
+    env_id: str | None
+    skill: str | None = None
+    doc_id: str | None = None
+    code: str | None = None
+    admitted: bool = False
+    is_seed: bool = False
+    replay: bool = False
+    slot: int | None = None
+    difficulty: str | None = None
+    doc_excerpt: str | None = None
+    stage: str | None = None
+    reason: str | None = None
+    timings: dict | None = None
+    win_rate: float | None = None
+    hinted_win_rate: float | None = None
+    mean_plain: float | None = None
+    mean_hinted: float | None = None
+    regret: float | None = None
+    designer_reward: float | None = None
+    transcript: list | None = None
+    hinted_transcript: list | None = None
+    hint: str | None = None
+
+    def to_json(self) -> dict:
+        """The JSON object of this entry: plain values, null fields left out."""
+        return {k: v for k, v in jsonable(dataclasses.asdict(self)).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> "EnvLogEntry | None":
+        """The entry a logged object describes (unknown keys ignored), or None without an int iteration."""
+        if _iteration_of(row) == sys.maxsize:
+            return None
+        values = {k: row[k] for k in _ENTRY_FIELDS if k in row}
+        values.setdefault("env_id", None)
+        return cls(**values)
+
+
+_ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(EnvLogEntry))
+
+
+class EnvLog:
+    """Append-only log of designed environments, ``workdir/gallery/envs.jsonl`` (see `EnvLogEntry`)."""
 
     def __init__(self, workdir: str | os.PathLike):
         self.path = pathlib.Path(workdir) / GALLERY_DIR / ENVS_FILE
 
-    def append(self, records: Iterable[Mapping[str, Any]]) -> None:
+    def append(self, entries: Iterable[EnvLogEntry]) -> None:
         rows = []
-        for record in records:
-            it = record.get("iteration")
-            if not isinstance(it, int) or isinstance(it, bool):
-                raise ValueError(f"environment record needs an int 'iteration', got {it!r}")
-            rows.append(jsonable(record))
+        for entry in entries:
+            if not isinstance(entry.iteration, int) or isinstance(entry.iteration, bool):
+                raise ValueError(f"environment log entry needs an int iteration, got {entry.iteration!r}")
+            rows.append(entry.to_json())
         if rows:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _append_lines(self.path, rows)
 
     def truncate_after(self, iteration: int) -> None:
-        """Drop records of iterations after ``iteration`` (on resume from that checkpoint)."""
+        """Drop entries of iterations after ``iteration`` (on resume from that checkpoint)."""
         _truncate_jsonl(self.path, iteration)
 
-    def read(self) -> list[dict]:
-        return read_jsonl(self.path)
-
-
-def write_gallery(workdir: str | os.PathLike) -> pathlib.Path:
-    """Rebuild the HTML environment gallery of ``workdir``; see ``gallery.write_gallery``.
-
-    Imported on call so that logging metrics never loads matplotlib.
-    """
-    from spade_jax.selfplay import gallery
-
-    return gallery.write_gallery(workdir)
-
-
-def _num(value: Any, fmt: str = "{:.2f}") -> str:
-    if value is None or isinstance(value, bool):
-        return "-"
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "-"
-    return fmt.format(value) if math.isfinite(value) else "-"
-
-
-def _rate(value: Any) -> str:
-    """Throughput with a k/M suffix: 1234 -> '1.2k'."""
-    text = _num(value, "{:.0f}")
-    if text == "-":
-        return text
-    value = float(value)
-    for scale, suffix in ((1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{suffix}"
-    return text
-
-
-def format_duration(value: Any) -> str:
-    """Seconds as '40ms', '2.4s', '12s', '3m05s' or '1h02m'."""
-    if _num(value) == "-":
-        return "-"
-    s = float(value)
-    if s < 1:
-        return f"{s * 1000:.0f}ms"
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 100:
-        return f"{s:.0f}s"
-    s = round(s)
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-PHASES: tuple[tuple[str, str], ...] = (
-    ("design", "time/design_s"),
-    ("adm", "time/admission_s"),
-    ("hints", "time/hints_s"),
-    ("play", "time/episodes_s"),
-    ("update", "time/update_s"),
-)
-
-
-def summary_line(iteration: int, metrics: Mapping[str, Any]) -> str:
-    """One compact line for the console; missing or NaN metrics show as '-'.
-
-    e.g. ``it 3 | envs 5/8 | regret 0.12 | dR 0.31 | win plain 0.40 hint 0.65 |
-    tok/s sample 1.2k train 8.0k | design 40s adm 3.0s hints 1.0s play 60s update 20s = 2m04s | mem 13``
-    """
-    m = metrics
-    parts = [
-        f"it {iteration}",
-        f"envs {_num(m.get('designer/admitted'), '{:.0f}')}/{_num(m.get('designer/proposed'), '{:.0f}')}",
-        f"regret {_num(m.get('env/regret_mean'))}",
-        f"dR {_num(m.get('designer/reward_mean'))}",
-        f"win plain {_num(m.get('agent/plain_win_rate'))} hint {_num(m.get('agent/hinted_win_rate'))}",
-        f"tok/s sample {_rate(m.get('sampler/tokens_per_s'))} train {_rate(m.get('train/tokens_per_s'))}",
-        " ".join(f"{name} {format_duration(m.get(key))}" for name, key in PHASES)
-        + f" = {format_duration(m.get('time/iteration_s'))}",
-        f"mem {_num(m.get('memory/size'), '{:.0f}')}",
-    ]
-    return " | ".join(parts)
-
-
-def phase_bar(phase: str, total: int, *, enabled: bool = True, file: TextIO | None = None):
-    """A tqdm progress bar for one phase of an iteration (designing, admission, episodes, update).
-
-    The bar disappears when done (the summary line stays); pass ``enabled=False`` on
-    non-main processes. Use as a context manager and call ``.update(n)``.
-    """
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        desc=f"{phase:>9}",
-        leave=False,
-        dynamic_ncols=True,
-        disable=not enabled,
-        file=file,
-        bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]",
-    )
+    def read(self) -> list[EnvLogEntry]:
+        """Every complete entry of the log, in the order written."""
+        return [e for e in map(EnvLogEntry.from_json, read_jsonl(self.path)) if e is not None]

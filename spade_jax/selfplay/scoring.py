@@ -1,0 +1,116 @@
+"""Scoring an iteration: plays -> each environment's statistics -> advantages -> training sequences.
+
+Pure functions of the iteration's trajectories and the pool's play records; the loop calls
+them in this order:
+
+1. `env_statistics`: each environment's statistics (win rate, means, matched regret) over
+   every play since it entered the pool, computed once and used by everything below, by the
+   memory and by the environment log;
+2. `agent_metrics` and `agent_sequences`: the agent's win rates and its training sequences
+   (advantages centred per environment, optionally weighted by regret rank);
+3. `designer_scores`: the reward and training sequence of each designer sample now due.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from spade_jax.agent import Trajectory
+from spade_jax.rl import advantages as adv_lib
+from spade_jax.rl import rewards as rew_lib
+from spade_jax.rl.batch import TrainSequence
+from spade_jax.selfplay.state import PendingDesign, PoolEnv
+
+
+def env_statistics(envs: Sequence[PoolEnv]) -> list[rew_lib.EnvStats | None]:
+    """Statistics of each environment over its recorded plays; None for one not played.
+
+    Plain and hinted plays are matched by seed (`rewards.env_stats`).
+    """
+    return [
+        rew_lib.env_stats(
+            [reward for _, reward in env.plain],
+            [reward for _, reward in env.hinted],
+            plain_seeds=[seed for seed, _ in env.plain],
+            hinted_seeds=[seed for seed, _ in env.hinted],
+        )
+        if env.plain
+        else None
+        for env in envs
+    ]
+
+
+def agent_metrics(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None]) -> dict[str, float]:
+    """Episode counts, plain and hinted win rates and mean rewards, and the mean regret."""
+    plain = [t for t in trajectories if not t.hinted]
+    hinted = [t for t in trajectories if t.hinted]
+    return {
+        "agent/episodes": len(trajectories),
+        "agent/plain_win_rate": _mean([t.won for t in plain]),
+        "agent/hinted_win_rate": _mean([t.won for t in hinted]),
+        "agent/plain_reward_mean": _mean([t.reward for t in plain]),
+        "agent/hinted_reward_mean": _mean([t.reward for t in hinted]),
+        "env/regret_mean": _mean([s.regret for s in stats if s is not None]),
+    }
+
+
+def agent_sequences(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None], *,
+                    train_hinted: bool, regret_weighting: bool, regret_temperature: float,
+                    weight: float) -> list[TrainSequence]:
+    """The agent's training sequences: advantages centred over each environment's plays
+    (`advantages.agent_advantages`), times ``weight`` and, with ``regret_weighting``, the
+    environment's regret-rank weight. ``stats[k]`` belongs to ``request.env_key == k``."""
+    if not trajectories:
+        return []
+    result = adv_lib.agent_advantages(
+        [t.reward for t in trajectories],
+        [t.request.env_key for t in trajectories],
+        [t.hinted for t in trajectories],
+        train_hinted=train_hinted,
+    )
+    env_weights = np.full(len(stats), 1.0)
+    if regret_weighting and len(stats):
+        env_weights = adv_lib.regret_rank_weights([s.regret if s else 0.0 for s in stats],
+                                                  temperature=regret_temperature)
+    return [
+        TrainSequence(t.tokens, t.loss_mask, t.sampler_logprobs, advantage=float(a),
+                      weight=weight * float(env_weights[t.request.env_key]), role="agent")
+        for t, a, train in zip(trajectories, result.advantages, result.train)
+        if train and t.loss_mask.any()
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class DesignerScores:
+    """The due designer samples' rewards (in order), their training sequences, and the reward
+    per admitted environment id."""
+
+    rewards: np.ndarray
+    sequences: list[TrainSequence]
+    by_env_id: dict[str, float]
+
+
+def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew_lib.EnvStats],
+                    cfg: rew_lib.DesignerRewardConfig, *, weight: float) -> DesignerScores:
+    """Rewards (`rewards.designer_rewards`: the failure penalty for a sample with no played
+    environment), advantages centred per skill, and one training sequence per sample."""
+    if not due:
+        return DesignerScores(np.zeros(0), [], {})
+    stats = [stats_by_env_id.get(p.env_id) if p.env_id else None for p in due]
+    rewards = rew_lib.designer_rewards(stats, cfg)
+    advantages = adv_lib.designer_advantages(rewards, [p.skill for p in due])
+    sequences = []
+    for p, a in zip(due, advantages):
+        tokens, mask, logprobs = p.sequence_arrays()
+        if mask.any():
+            sequences.append(TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=weight, role="designer"))
+    return DesignerScores(np.asarray(rewards), sequences, {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id})
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else math.nan
