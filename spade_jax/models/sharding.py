@@ -37,9 +37,6 @@ TRAIN_RULES: Rules = (
     ("cache_length", ()),
 )
 
-# Sampling: the same layout; decode is memory-bound, so parameters stay where training left them.
-SAMPLE_RULES: Rules = TRAIN_RULES
-
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
     "spade_activation_sharding", default=None
 )

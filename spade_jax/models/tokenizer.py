@@ -249,7 +249,6 @@ class SentencePieceTokenizer(Tokenizer):
         model_file = Path(model_file)
         if not model_file.exists():
             raise FileNotFoundError(f"SentencePiece model {model_file} does not exist")
-        self.model_file = model_file
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         chat_ids = []
         for token in (IM_START, IM_END):

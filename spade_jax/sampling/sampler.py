@@ -12,16 +12,16 @@ One call samples continuations for every prompt at once:
 
 Parameters are arguments of both programs, never constants baked into them, so a
 training step can update them without recompiling. Compiled programs are kept per
-shape bucket; `compile_count()` says how many have been built. Randomness: row i of a
-call with seed s draws from `fold_in(fold_in(key(s), i), step)`, independent of the
-other rows and of the bucket. Outputs are replicated, so every process of a
-multi-process run reads the full result.
+shape bucket (`GenerationStats.compile_s` is 0 for a call that reused them).
+Randomness: row i of a call with seed s draws from `fold_in(fold_in(key(s), i), step)`,
+independent of the other rows and of the bucket. Outputs are replicated, so every
+process of a multi-process run reads the full result.
 
 The decode program returns the cache it updated in place (its input buffer), so a
 later turn could be appended to it (`KVCache.end_index` marks the next free slot);
-`generate` does not keep it yet: it frees it and, on CPU, hands the memory back to the
-OS (`host_memory`). The mesh and rules come from the policy, so a sampling layout other
-than training's only needs a policy placed that way.
+`generate` frees it and, on CPU, hands the memory back to the OS (`host_memory`).
+The mesh and rules come from the policy, so a sampling layout other than training's
+only needs a policy placed that way.
 """
 
 from __future__ import annotations
@@ -81,19 +81,11 @@ class Generation:
     stats: GenerationStats
 
     @property
-    def mask(self) -> np.ndarray:
-        """(B, N) bool: True on generated tokens."""
-        return np.arange(self.tokens.shape[1])[None] < self.lengths[:, None]
-
-    @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
     def row_tokens(self, i: int) -> list[int]:
         return self.tokens[i, : self.lengths[i]].tolist()
-
-    def row_logprobs(self, i: int) -> np.ndarray:
-        return self.logprobs[i, : self.lengths[i]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +94,7 @@ class _Programs:
     decode: jax.stages.Compiled
 
 
-_PROGRAMS: dict[tuple, _Programs] = {}
-_COMPILES = 0
-
-
-def compile_count() -> int:
-    """How many (prefill, decode) program pairs this process has compiled so far."""
-    return _COMPILES
+_PROGRAMS: dict[tuple, _Programs] = {}  # one entry per compiled bucket, never evicted
 
 
 def generate(
@@ -166,7 +152,7 @@ def generate(
     out, cache = programs.decode(state, cache, logits_BV, *(args[name] for name in _DECODE_INPUTS))
     out = jax.device_get(out)
     decode_s = time.perf_counter() - start
-    for buffer in jax.tree.leaves(cache):  # freed now, before the trim; multi-turn cache reuse would keep it
+    for buffer in jax.tree.leaves(cache):  # freed now, so that the trim below returns its memory
         buffer.delete()
     release_freed_memory(mesh.devices.flat)
 
@@ -249,7 +235,6 @@ def _key(graphdef, state, args, mesh, rules, N, truncate) -> tuple:
 
 def _programs(graphdef, state, args, mesh, rules, N, truncate) -> tuple[_Programs, float]:
     """The programs of this bucket and the seconds spent compiling them (0 when cached)."""
-    global _COMPILES
     key = _key(graphdef, state, args, mesh, rules, N, truncate)
     if key in _PROGRAMS:
         return _PROGRAMS[key], 0.0
@@ -273,7 +258,6 @@ def _programs(graphdef, state, args, mesh, rules, N, truncate) -> tuple[_Program
         graphdef=graphdef, num_new=N, truncate=truncate, mesh=mesh, rules=rules,
     ).compile()
     _PROGRAMS[key] = _Programs(prefill, decode)
-    _COMPILES += 1
     return _PROGRAMS[key], time.perf_counter() - start
 
 
