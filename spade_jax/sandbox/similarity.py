@@ -93,17 +93,3 @@ def jaccard(a: frozenset, b: frozenset) -> float:
 def code_similarity(a: str, b: str, k: int = SHINGLE_TOKENS) -> float:
     """Normalised-token shingle Jaccard similarity of two programs, in [0, 1]."""
     return jaccard(fingerprint(a, k), fingerprint(b, k))
-
-
-def most_similar(code: str, archive, k: int = SHINGLE_TOKENS) -> tuple[int, float]:
-    """(index, similarity) of the archive program closest to ``code``; (-1, 0.0) for an empty archive.
-
-    ``archive`` items are sources or precomputed ``fingerprint``s.
-    """
-    mine = fingerprint(code, k)
-    best, best_score = -1, 0.0
-    for index, other in enumerate(archive):
-        score = jaccard(mine, other if isinstance(other, frozenset) else fingerprint(other, k))
-        if score > best_score or best < 0:
-            best, best_score = index, score
-    return best, best_score
