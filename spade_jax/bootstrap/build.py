@@ -47,6 +47,7 @@ from spade_jax.designer.prompts import PromptConfig, designer_answer, slot_messa
 from spade_jax.envs import library
 from spade_jax.models import ModelConfig, Policy, SentencePieceTokenizer, make_mesh
 from spade_jax.models.loading import place_params
+from spade_jax.progress import progress_bar
 from spade_jax.models.policy import init_model
 from spade_jax.models.sharding import TRAIN_RULES
 from spade_jax.rl.batch import ROLE_IDS, TrainBatch, TrainSequence, pack
@@ -349,14 +350,12 @@ def _compile(trainer: Trainer, cfg: BootstrapConfig) -> None:
 
 def _train(trainer: Trainer, designer: list[TrainSequence], agent: list[TrainSequence], cfg: BootstrapConfig,
            rng: np.random.Generator, progress: bool, stats: dict) -> list[float]:
-    from tqdm.auto import tqdm
-
     batches = _batches(designer, agent, cfg, rng)
     held_out = next(batches)  # never trained on: per-role losses are measured on it
     losses, tokens, train_time = [], 0, 0.0
     stats["held_out_nll"] = []
     cpu_start = time.process_time()
-    with tqdm(total=cfg.steps, desc="bootstrap", unit="step", disable=not progress) as bar:
+    with progress_bar(cfg.steps, "bootstrap", unit="steps", enabled=progress) as bar:
         for step in range(cfg.steps):
             batch = next(batches)
             metrics = trainer.update(batch)
