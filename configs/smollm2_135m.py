@@ -4,8 +4,7 @@
     python -m spade_jax.main --config=configs/smollm2_135m.py:runlocal --workdir=/tmp/smollm2_smoke
 
 A real pretrained instruct model, but a small one: it rarely writes a program that passes
-admission (0 of 8 in our trial), so expect most designer rewards to be the failure
-penalty. Use it to exercise the pipeline with real weights; `tiny` is the CPU default
+admission, so expect most designer rewards to be the failure penalty. Use it to exercise the pipeline with real weights; `tiny` is the CPU default
 that actually designs and plays.
 
 Mesh (data, fsdp, tensor): CPU (-1, 1, 1); one GPU (1, 1, 1); 8 GPUs (8, 1, 1).
@@ -20,11 +19,11 @@ def get_config(arg=None):
     c.num_iterations = 20
     c.model.source = "pretrained"
     c.model.path = "packaged"
-    c.corpus.max_words = 300
+    c.designer.prompt.doc_max_words = 300
     c.designer.num_slots = 8
     c.designer.max_new_tokens = 1024
     c.designer.temperature = 0.7
-    c.memory.max_code_lines = 40
+    c.designer.prompt.exemplar_max_lines = 40
     c.agent.episodes_per_env = 8
     c.agent.max_new_tokens = 256
     c.agent.context_budget = 2048

@@ -20,7 +20,6 @@ Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
 import dataclasses
 
 from spade_jax.bootstrap import BootstrapConfig
-from spade_jax.designer.prompts import PromptConfig
 from spade_jax.selfplay.config import base_config, parse_arg, section
 
 # The minute-sized bootstrap of `runlocal`: enough to exercise every stage, not to design.
@@ -37,12 +36,13 @@ def get_config(arg=None):
     c.num_iterations = 10
     c.model.source = "bootstrap"
     # The prompt is the designer's (`designer.prompt`); "" caches under <workdir>/bootstrap.
-    c.bootstrap = section(BootstrapConfig, exclude=("prompt",), cache_dir="", **dataclasses.asdict(boot))
-    del c.bootstrap["prompt"]
+    with c.unlocked():
+        c.bootstrap = section(BootstrapConfig, exclude=("prompt",), cache_dir="",
+                              **{k: v for k, v in dataclasses.asdict(boot).items() if k != "prompt"})
     c.mesh.shape = (-1, 1, 1)
 
     # What the bootstrap was trained for: its prompt sizes, turns and hints.
-    c.designer.prompt = section(PromptConfig, **dataclasses.asdict(boot.prompt))
+    c.designer.prompt.update(dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
     c.hints.mode = "solution"
     c.admission.novelty_threshold = boot.novelty_threshold

@@ -117,3 +117,12 @@ def test_the_bootstrap_trains_on_the_designer_prompt():
 
     assert bootstrap_config(config).prompt == designer_config(config).prompt
     assert bootstrap_config(config).prompt.doc_max_words == 55
+
+
+def test_a_preset_cannot_set_a_field_that_does_not_exist():
+    from spade_jax.selfplay.config import base_config
+
+    c = base_config()
+    with pytest.raises(AttributeError):
+        c.corpus.max_words = 300  # the document size is designer.prompt.doc_max_words
+    c.designer.prompt.doc_max_words = 300

@@ -145,6 +145,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict(dict(every=1, keep=3, async_save=True))
     c.log = ml_collections.ConfigDict(dict(gallery=True, progress=True))
+    c.lock()  # a preset that sets a field that does not exist fails (`with c.unlocked():` adds sections)
     return c
 
 
