@@ -31,26 +31,20 @@ USAGE
 }
 
 nodes=1 node_rank=0 coordinator="" slurm=0 dry=0
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
-  arg="$1"
-  case "$arg" in  # --opt value is read as --opt=value
-    --nodes | --node_rank | --coordinator)
-      if (($# < 2)) || [[ "$2" == --* ]]; then
-        echo "gpu.sh: $1 needs a value (see --help)" >&2; exit 2
-      fi
-      arg="$1=$2"; shift ;;
-  esac
-  case "$arg" in
-    --nodes=*) nodes="${arg#*=}" ;;
-    --node_rank=*) node_rank="${arg#*=}" ;;
-    --coordinator=*) coordinator="${arg#*=}" ;;
+  OPT_SHIFT=1
+  case "$1" in
+    --nodes | --nodes=*) option_value gpu.sh "$@"; nodes="$OPT_VALUE" ;;
+    --node_rank | --node_rank=*) option_value gpu.sh "$@"; node_rank="$OPT_VALUE" ;;
+    --coordinator | --coordinator=*) option_value gpu.sh "$@"; coordinator="$OPT_VALUE" ;;
     --slurm) slurm=1 ;;
     --dry-run) dry=1 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
-    *) echo "gpu.sh: unknown option $arg (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
+    *) echo "gpu.sh: unknown option $1 (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
   esac
-  shift
+  shift "$OPT_SHIFT"
 done
 if ((nodes > 1)) && [[ -z "$coordinator" ]]; then
   echo "gpu.sh: --nodes > 1 needs --coordinator=HOST:PORT (node 0's address)" >&2; exit 2

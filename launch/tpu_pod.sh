@@ -41,30 +41,24 @@ USAGE
 
 name="" zone="" accelerator="" version="tpu-ubuntu2204-base" project="" spot=0 dry=0
 model_bucket="" workdir=""
+source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
-  arg="$1"
-  case "$arg" in  # --opt value is read as --opt=value
-    --name | --zone | --accelerator | --version | --project | --model_bucket | --workdir)
-      if (($# < 2)) || [[ "$2" == --* ]]; then
-        echo "tpu_pod.sh: $1 needs a value (see --help)" >&2; exit 2
-      fi
-      arg="$1=$2"; shift ;;
-  esac
-  case "$arg" in
-    --name=*) name="${arg#*=}" ;;
-    --zone=*) zone="${arg#*=}" ;;
-    --accelerator=*) accelerator="${arg#*=}" ;;
-    --version=*) version="${arg#*=}" ;;
-    --project=*) project="${arg#*=}" ;;
+  OPT_SHIFT=1
+  case "$1" in
+    --name | --name=*) option_value tpu_pod.sh "$@"; name="$OPT_VALUE" ;;
+    --zone | --zone=*) option_value tpu_pod.sh "$@"; zone="$OPT_VALUE" ;;
+    --accelerator | --accelerator=*) option_value tpu_pod.sh "$@"; accelerator="$OPT_VALUE" ;;
+    --version | --version=*) option_value tpu_pod.sh "$@"; version="$OPT_VALUE" ;;
+    --project | --project=*) option_value tpu_pod.sh "$@"; project="$OPT_VALUE" ;;
+    --model_bucket | --model_bucket=*) option_value tpu_pod.sh "$@"; model_bucket="$OPT_VALUE" ;;
+    --workdir | --workdir=*) option_value tpu_pod.sh "$@"; workdir="$OPT_VALUE" ;;
     --spot) spot=1 ;;
-    --model_bucket=*) model_bucket="${arg#*=}" ;;
-    --workdir=*) workdir="${arg#*=}" ;;
     --dry-run) dry=1 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; break ;;
-    *) echo "tpu_pod.sh: unknown option $arg (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
+    *) echo "tpu_pod.sh: unknown option $1 (see --help; flags for spade_jax.main go after --)" >&2; exit 2 ;;
   esac
-  shift
+  shift "$OPT_SHIFT"
 done
 [[ -n "$name" && -n "$zone" && -n "$accelerator" ]] || {
   echo "tpu_pod.sh: --name, --zone and --accelerator are required (see --help)" >&2; exit 2; }
