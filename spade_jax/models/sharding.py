@@ -24,7 +24,9 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
-# Training: parameters fully sharded over fsdp, tensor-parallel over heads/mlp/vocab.
+# The default layout, for training and sampling alike: parameters fully sharded over fsdp,
+# tensor-parallel over heads/mlp/vocab. Decode is memory-bound, so sampling reads the
+# parameters where training left them instead of gathering them into another layout.
 TRAIN_RULES: Rules = (
     ("batch", ("data", "fsdp")),
     ("vocab", ("tensor",)),

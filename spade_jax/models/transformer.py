@@ -62,7 +62,7 @@ class KVCache(NamedTuple):
     Laid out as attention multiplies them, batch and kv heads leading: keys
     `(batch, kv_heads, head_dim, length)`, values `(batch, kv_heads, length, head_dim)`.
     Both products then contract the second-to-last axis of the cache, which XLA:CPU runs
-    without repacking it (keys stored length-by-head_dim made the score product 3x slower).
+    without repacking it every step (see bench/RESULTS.md).
     """
 
     k_BKHS: tuple[jax.Array, ...]  # one array per layer
@@ -103,8 +103,8 @@ def at_least_float32(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-# Up to this many rows, `linear` multiplies weight-first on XLA:CPU (measured faster at 8-256
-# rows for SmolLM2's shapes, slower at 2048).
+# Up to this many rows, `linear` multiplies weight-first on XLA:CPU: faster for decode-sized
+# row counts, slower for long sequences (see bench/RESULTS.md).
 _WEIGHT_FIRST_MAX_ROWS = 256
 
 
@@ -112,9 +112,9 @@ def linear(x_BTI, w_OI, out_dtype=None):
     """`x @ w.T` for a weight stored `(out, in)`, as torch.nn.Linear stores it.
 
     With few rows (a decode step) on CPU it is computed weight-first, `(w @ x.T).T`: the
-    weight is then the left operand in its stored layout, and XLA:CPU's matmul ran 10-30%
-    faster that way (SmolLM2 decode step at batch 32: 70 -> 59 ms of matmuls). The barrier
-    keeps XLA from folding the transpose back into the product.
+    weight is then the left operand in its stored layout, which XLA:CPU's matmul runs
+    faster (see bench/RESULTS.md). The barrier keeps XLA from folding the transpose back
+    into the product.
     """
     rows = math.prod(x_BTI.shape[:-1])
     if rows <= _WEIGHT_FIRST_MAX_ROWS and jax.default_backend() == "cpu":
@@ -126,8 +126,7 @@ def linear(x_BTI, w_OI, out_dtype=None):
 def rms_norm(x, weight, eps: float):
     wide = at_least_float32(x.dtype)
     x_wide = x.astype(wide)
-    # Sum of squares as a contraction: one small matmul on XLA:CPU instead of a reduce
-    # kernel (a decode-step A/B was within noise, slightly in its favour).
+    # Sum of squares as a contraction: one small matmul on XLA:CPU instead of a reduce kernel.
     mean_square = jnp.einsum("...d,...d->...", x_wide, x_wide)[..., None] / x.shape[-1]
     normed = x_wide * jax.lax.rsqrt(mean_square + eps)
     return (normed * weight.astype(wide)).astype(x.dtype)
@@ -159,8 +158,8 @@ def apply_rope(x_BTNH, positions_BT, inv_freq_H2):
     """Rotary embedding, half-split layout (as Hugging Face Llama/Qwen).
 
     The angles are recomputed per call (q and k of every layer) on purpose: XLA fuses them
-    into the rotation, and computing cos/sin once per pass instead made SmolLM2's batch-32
-    decode step 6% slower (86-88 vs 91-96 ms).
+    into the rotation, which decodes faster than computing cos/sin once per pass and
+    reading them back in every layer.
     """
     angles = positions_BT[..., None].astype(inv_freq_H2.dtype) * inv_freq_H2
     cos = jnp.cos(angles)[:, :, None, :]
@@ -175,8 +174,9 @@ def attention(q_BTNH, k_BKHS, v_BKSH, mask_BTS):
     """Grouped-query attention over keys `(batch, kv_heads, head_dim, length)` and values
     `(batch, kv_heads, length, head_dim)` (the `KVCache` layout); softmax in (at least) float32.
 
-    (Writing a decode step's scores as fused products and sums instead of a matmul is fast
-    for SmolLM2's shapes but over 100x slower for one query per kv head over a long cache on XLA:CPU.)
+    The scores are a matmul, not products summed over `head_dim`: those are fast for
+    SmolLM2's shapes but far slower on XLA:CPU for one query per kv head over a long cache
+    (see bench/RESULTS.md).
     """
     B, T, N, H = q_BTNH.shape
     K = k_BKHS.shape[1]
@@ -240,8 +240,8 @@ class MLP(nnx.Module):
 
     @staticmethod
     def draw(config: ModelConfig, rngs: nnx.Rngs) -> dict:
-        """Initial values of every layer, `(layers, ...)` each (drawn `(in, out)`, as before the
-        storage became `(out, in)`, so a seed gives the same model)."""
+        """Initial values of every layer, `(layers, ...)` each: drawn `(in, out)`, the layout
+        whose fan-in `_init_value` reads, then transposed to the stored `(out, in)`."""
         L, D, F = config.num_layers, config.hidden_size, config.intermediate_size
         dt = jnp.dtype(config.param_dtype)
         return {
@@ -376,7 +376,7 @@ class Transformer(nnx.Module):
         V, D, L = config.vocab_size, config.hidden_size, config.num_layers
         dt = jnp.dtype(config.param_dtype)
         self.embed_VD = _param(rngs, (V, D), ("vocab", "embed"), dt, scale=1.0)
-        # Drawn as (layers, ...) tensors, then split: the same initial values for any depth layout.
+        # Drawn as (layers, ...) tensors, one draw per weight kind, then split per layer.
         attn, mlp = Attention.draw(config, rngs), MLP.draw(config, rngs)
         self.layers = nnx.List([
             Block(

@@ -3,8 +3,8 @@
 XLA:CPU allocates device buffers with the C allocator. A KV cache is one buffer per
 layer (a few MB each at batch 32), and glibc keeps such freed blocks in its heaps
 instead of unmapping them; it does not reliably reuse them for the next call's cache
-either, so without a trim each call's cache piles up (SmolLM2 at batch 32: peak RSS
-1.7 GB after four calls instead of 1.3 GB). `malloc_trim(0)` returns the free pages.
+either, so without a trim each call's cache piles up (see bench/RESULTS.md).
+`malloc_trim(0)` returns the free pages.
 Elsewhere (TPU/GPU device memory, non-glibc C libraries) this is a no-op.
 """
 
