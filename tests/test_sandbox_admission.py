@@ -92,8 +92,16 @@ def test_configured_max_turns_bounds_the_solution(pool):
 def test_big_batches_respect_the_pools_live_episode_limit():
     # 5 programs x 3 seeds x 3 no-op actions = 45 episodes in the not_trivial stage alone
     with SandboxPool(SandboxConfig(num_workers=2, max_live_episodes=8)) as small:
-        reports = admit_batch([GAME] * 5, AdmissionConfig(), pool=small)
+        reports = admit_batch([GAME] * 5, AdmissionConfig(batch_novelty=False), pool=small)
     assert all(r.admitted for r in reports), [r.reason for r in reports]
+
+
+def test_novelty_rejects_a_near_duplicate_of_an_earlier_program_of_the_batch(pool):
+    reports = admit_batch([GAME, TOOL, GAME + "\n# the same game again\n"], AdmissionConfig(), pool=pool)
+    assert [r.admitted for r in reports] == [True, True, False]
+    assert (reports[2].stage, reports[2].reason) == ("novelty", "near-duplicate of program 0 of the same batch")
+    apart = admit_batch([GAME, GAME], AdmissionConfig(batch_novelty=False), pool=pool)
+    assert all(r.admitted for r in apart)
 
 
 # --- probes a program cannot tell from play -----------------------------------------------------
@@ -142,8 +150,8 @@ def test_seed_library_and_examples_pass_every_stage_under_several_admission_seed
     names = [env.name for env in library.SEED_ENVS]
     texts = [library.load_source(n) for n in names] + [GAME, TOOL]
     names += ["boxed_game", "tool_env"]
-    copies = 3  # each copy is probed with its own seeds and actions
-    reports = admit_batch(texts * copies, AdmissionConfig(), pool=pool)
+    copies = 3  # each copy is probed with its own seeds and actions (so the batch holds duplicates)
+    reports = admit_batch(texts * copies, AdmissionConfig(batch_novelty=False), pool=pool)
     seed = reports[0].details["admission_seed"]
     failures = [(name, r.stage, r.reason) for name, r in zip(names * copies, reports) if not r.admitted]
     assert not failures, f"admission seed {seed}: {failures}"
