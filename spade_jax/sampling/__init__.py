@@ -8,6 +8,8 @@
 - `tokens`: next-token selection inside the loop (greedy, temperature, top-k, top-p)
   and the chosen tokens' log-probs.
 - `host_memory`: hands freed KV-cache memory back to the OS after a call on CPU.
+- `chat`: `complete_chats`, chats to decoded replies (chat template, one `generate`
+  call, decode); the designer, the hint writer and the self-review ask through it.
 
 Shape suffixes follow the legend in `spade_jax.models`.
 """
