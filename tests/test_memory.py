@@ -119,19 +119,6 @@ def test_exemplars_when_not_enough_qualify():
     assert [e.env_id for e in ex] == ["p1", "easy"]
 
 
-def test_exemplars_prefer_requested_skill():
-    mem = EnvironmentMemory()
-    long_code = "\n".join(f"x{i} = {i}" for i in range(10))
-    mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
-            mean_hinted=0.6, regret=0.1, env_id="opt")
-    _add(mem, 0.5, 0.3, env_id="logic")
-    ex = mem.exemplars(0, n_positive=1, n_negative=0, skill="optimization")
-    assert [e.env_id for e in ex] == ["opt"]
-    assert ex[0].code == long_code
-    ex = mem.exemplars(0, n_positive=2, n_negative=0, skill="optimization")
-    assert [e.env_id for e in ex] == ["opt", "logic"] and all(e.qualified for e in ex)
-
-
 def test_designer_prompts_cut_exemplar_code_to_the_prompt_size():
     from spade_jax.designer.corpus import Document
     from spade_jax.designer.prompts import PromptConfig, slot_messages

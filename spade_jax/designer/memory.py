@@ -206,7 +206,7 @@ class EnvironmentMemory:
 
     # ----- exemplars ----------------------------------------------------------------
     def exemplars(self, rng: np.random.Generator | int | None = None, n_positive: int = 2,
-                  n_negative: int = 1, *, skill: str | None = None) -> list[Exemplar]:
+                  n_negative: int = 1) -> list[Exemplar]:
         """Environments to show in a designer prompt: positives first, then negatives.
 
         Positives are taken tier by tier until ``n_positive`` are found: (1) measured
@@ -217,8 +217,7 @@ class EnvironmentMemory:
         are drawn uniformly from the top ``2 * need``, so prompts vary while staying
         high-regret. A negative is drawn uniformly among records with win rate below
         or above ``negative_win_bounds``; when none exists, fewer are returned (a record
-        is never shown as a negative example unless it is one). With ``skill`` each
-        tier prefers records of that skill before the others. Returns [] for an empty
+        is never shown as a negative example unless it is one). Returns [] for an empty
         memory.
         """
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -231,21 +230,15 @@ class EnvironmentMemory:
             [r for r in recs if not r.measured],
             [r for r in recs if r.measured and not (lo <= r.win_rate <= hi) and not is_neg(r)],
         ]
-        positives = self._draw(rng, tiers, n_positive, skill, set())
+        positives = self._draw(rng, tiers, n_positive, set())
         chosen = {r.env_id for r, _ in positives}
-        negatives = self._draw(rng, [[r for r in recs if is_neg(r)]], n_negative, skill, chosen)
+        negatives = self._draw(rng, [[r for r in recs if is_neg(r)]], n_negative, chosen)
         out = [self._exemplar(r, "positive", tier == 0) for r, tier in positives]
         out += [self._exemplar(r, "negative", True) for r, _ in negatives]
         return out
 
-    def _draw(self, rng, tiers, n, skill, taken) -> list[tuple[EnvRecord, int]]:
+    def _draw(self, rng, tiers, n, taken) -> list[tuple[EnvRecord, int]]:
         picked: list[tuple[EnvRecord, int]] = []
-        if skill is not None:
-            tiers = [part for t in tiers for part in ([r for r in t if r.skill == skill],
-                                                       [r for r in t if r.skill != skill])]
-            tier_of = lambda i: i // 2  # noqa: E731
-        else:
-            tier_of = lambda i: i  # noqa: E731
         for i, tier in enumerate(tiers):
             need = n - len(picked)
             if need <= 0:
@@ -257,7 +250,7 @@ class EnvironmentMemory:
                 continue
             idx = sorted(rng.choice(len(pool), size=min(need, len(pool)), replace=False))
             for j in idx:
-                picked.append((pool[j], tier_of(i)))
+                picked.append((pool[j], i))
                 taken.add(pool[j].env_id)
         return picked
 
