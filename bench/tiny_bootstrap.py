@@ -33,7 +33,6 @@ from absl import logging  # noqa: E402
 
 from spade_jax.agent.rollout import AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
 from spade_jax.sampling import generate  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
