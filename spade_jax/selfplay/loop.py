@@ -228,23 +228,7 @@ class SelfPlay:
             trajectories, review_rejected = self._self_review(envs, trajectories, it, metrics)
             times["review_s"] = time.perf_counter() - start
 
-        for t in trajectories:
-            plays = envs[t.request.env_key].hinted if t.hinted else envs[t.request.env_key].plain
-            plays.append((t.request.seed, t.reward))
-        stats = scoring.env_statistics(envs)
-        metrics.update(scoring.agent_metrics(trajectories, stats))
-        agent_sequences = scoring.agent_sequences(
-            trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
-            regret_temperature=cfg.agent.regret_temperature, weight=cfg.rl.agent_weight,
-        )
-        due = [p for p in self.state.pending if p.due_iteration <= it]
-        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
-        designer = scoring.designer_scores(
-            due, {e.env_id: s for e, s in zip(envs, stats) if s is not None and not e.is_replay}, self.reward_cfg,
-            weight=cfg.rl.designer_weight,
-        )
-        if due:
-            metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
+        stats, agent_sequences, designer = self._score(it, envs, trajectories, metrics)
 
         start = time.perf_counter()
         train_metrics = self._update(agent_sequences + designer.sequences)
@@ -375,6 +359,27 @@ class SelfPlay:
                 p.env_id = None
         dropped = {i for i, e in enumerate(envs) if e.env_id in rejected}
         return [t for t in trajectories if t.request.env_key not in dropped], rejected
+
+    def _score(self, it: int, envs: Sequence[PoolEnv], trajectories, metrics: dict):
+        """Records the plays in the pool, then scores them (`scoring`): each environment's
+        statistics, the agent's sequences, and the designer samples now due."""
+        cfg = self.config
+        for t in trajectories:
+            env = envs[t.request.env_key]
+            (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward))
+        stats = scoring.env_statistics(envs)
+        metrics.update(scoring.agent_metrics(trajectories, stats))
+        agent_sequences = scoring.agent_sequences(
+            trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
+            regret_temperature=cfg.agent.regret_temperature, weight=cfg.rl.agent_weight,
+        )
+        due = [p for p in self.state.pending if p.due_iteration <= it]
+        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
+        designed_stats = {e.env_id: s for e, s in zip(envs, stats) if s is not None and not e.is_replay}
+        designer = scoring.designer_scores(due, designed_stats, self.reward_cfg, weight=cfg.rl.designer_weight)
+        if due:
+            metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
+        return stats, agent_sequences, designer
 
     def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
         if not sequences:

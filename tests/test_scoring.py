@@ -1,0 +1,73 @@
+"""Scoring an iteration (selfplay/scoring.py) against hand-computed numbers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from spade_jax.agent import EpisodeRequest, Trajectory
+from spade_jax.rl.rewards import DesignerRewardConfig
+from spade_jax.selfplay import scoring
+from spade_jax.selfplay.state import PendingDesign, PoolEnv, design_env_id
+
+
+def _env(env_id, plain, hinted):
+    return PoolEnv(env_id, "code", "logical deduction", None, design_iteration=0, plain=plain, hinted=hinted)
+
+
+def _trajectory(env_key, seed, reward, hinted, n_tokens=4):
+    tokens = np.arange(n_tokens, dtype=np.int32)
+    return Trajectory(EpisodeRequest(env_key, "code", seed, hinted=hinted), tokens, np.r_[False, [True] * (n_tokens - 1)],
+                      np.zeros(n_tokens, np.float32), reward, reward == 1.0, 1, "terminated", None, [])
+
+
+def _pending(env_id, skill="logical deduction"):
+    return PendingDesign(0, 0, 0, skill, "easy", None, env_id, "novelty", "", [1, 2], [3, 4], [-0.5, -0.25])
+
+
+def test_env_statistics_match_plays_by_seed_over_the_whole_pool_stay():
+    envs = [
+        _env("a", plain=[(1, 1.0), (2, 0.0)], hinted=[(1, 1.0), (3, 1.0)]),  # only seed 1 is matched
+        _env("b", plain=[(5, 0.0), (6, 0.0)], hinted=[(5, 1.0), (6, 0.0)]),
+        _env("c", plain=[], hinted=[]),
+    ]
+    a, b, c = scoring.env_statistics(envs)
+    assert (a.win_rate, a.mean_plain, a.mean_hinted, a.regret) == (0.5, 0.5, 1.0, 0.0)
+    assert (b.win_rate, b.mean_hinted, b.regret) == (0.0, 0.5, 0.5)
+    assert c is None
+
+
+def test_agent_metrics_and_sequences():
+    trajectories = [_trajectory(0, 1, 1.0, False), _trajectory(0, 2, 0.0, False), _trajectory(0, 1, 1.0, True),
+                    _trajectory(0, 2, 1.0, True)]
+    stats = scoring.env_statistics([_env("a", [(1, 1.0), (2, 0.0)], [(1, 1.0), (2, 1.0)])])
+    metrics = scoring.agent_metrics(trajectories, stats)
+    assert metrics["agent/plain_win_rate"] == 0.5 and metrics["agent/hinted_win_rate"] == 1.0
+    assert metrics["env/regret_mean"] == 0.5 and metrics["agent/episodes"] == 4
+    sequences = scoring.agent_sequences(trajectories, stats, train_hinted=False, regret_weighting=False,
+                                        regret_temperature=1.0, weight=2.0)
+    # plain plays only, advantages centred over the environment's plain rewards (1, 0) and scaled
+    assert [s.role for s in sequences] == ["agent", "agent"] and [s.weight for s in sequences] == [2.0, 2.0]
+    assert sequences[0].advantage > 0 > sequences[1].advantage
+    assert math.isclose(sequences[0].advantage, -sequences[1].advantage)
+    assert scoring.agent_sequences([], [], train_hinted=False, regret_weighting=True, regret_temperature=1.0,
+                                   weight=1.0) == []
+
+
+def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
+    (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
+    due = [_pending("a"), _pending(None), _pending("gone", skill="optimization")]
+    scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(), weight=0.5)
+    # blend: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(win rate 0) = 0.4; no environment: -1
+    np.testing.assert_allclose(scores.rewards, [0.4, -1.0, -1.0])
+    assert scores.by_env_id == {"a": pytest.approx(0.4), "gone": -1.0}
+    # centred within each skill: (0.4, -1) -> (0.7, -0.7); a skill of one -> 0
+    np.testing.assert_allclose([s.advantage for s in scores.sequences], [0.7, -0.7, 0.0], atol=1e-12)
+    tokens, mask = scores.sequences[0].tokens, scores.sequences[0].loss_mask
+    assert tokens.tolist() == [1, 2, 3, 4] and mask.tolist() == [False, False, True, True]
+    assert all(s.weight == 0.5 and s.role == "designer" for s in scores.sequences)
+    assert scoring.designer_scores([], {}, DesignerRewardConfig(), weight=1.0).sequences == []
+
+
+def test_design_env_id():
+    assert design_env_id(3, 7) == "it0003-slot07"
