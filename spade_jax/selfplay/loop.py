@@ -304,9 +304,8 @@ class SelfPlay:
         ]
 
     def _write_missing_hints(self, envs: Sequence[PoolEnv], it: int) -> None:
+        """Environments without a hint get one (`write_hints` samples only in mode "self")."""
         missing = [e for e in envs if e.hint is None]
-        if self.hint_cfg.mode != "self" or not missing:
-            return
         hints = write_hints(
             self.policy, [e.code for e in missing], self.hint_cfg, seed=derive_seed(self.config.seed, it, _PHASES["hints"])
         )
