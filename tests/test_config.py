@@ -89,9 +89,9 @@ def test_each_stage_dataclass_is_its_config_section():
     c = config_lib.base_config()
     excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}}
     for field, build in config_lib._STAGES:
-        if field == "memory":
-            continue
         built = build(c)
+        if not dataclasses.is_dataclass(built):  # the memory (a class) and the per-suite settings (a dict)
+            continue
         section = c
         for part in field.split("."):
             section = section[part]

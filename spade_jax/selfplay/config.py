@@ -28,6 +28,9 @@ from spade_jax.designer.prompts import PromptConfig
 from spade_jax.designer.review import ReviewConfig
 from spade_jax.designer.rollout import DesignerConfig
 from spade_jax.envs.library import SKILLS
+from spade_jax.evals.registry import registered
+from spade_jax.evals.runner import EvalConfig
+from spade_jax.evals.suite import GenerationSettings
 from spade_jax.rl.rewards import DesignerRewardConfig
 from spade_jax.rl.train import LossConfig, OptimConfig
 from spade_jax.sandbox import SandboxConfig
@@ -143,6 +146,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.rl.update(section(LossConfig, exclude=("objective",)))
     c.rl.update(dict(designer_weight=1.0, agent_weight=1.0, row_length=4096, updates_per_iteration=1))
 
+    # Held-out evaluation (`spade_jax.evals`): which suites, how often; per-suite sampling in
+    # `eval.generation.<prefix>` (dashes in a prefix become underscores).
+    c.eval = section(EvalConfig)
+    c.eval.generation = ml_collections.ConfigDict(
+        {prefix.replace("-", "_"): section(GenerationSettings, **dataclasses.asdict(entry.settings))
+         for prefix, entry in registered().items()}
+    )
+
     c.checkpoint = ml_collections.ConfigDict(dict(every=1, keep=3, async_save=True))
     c.log = ml_collections.ConfigDict(dict(gallery=True, progress=True))
     c.lock()  # a preset that sets a field that does not exist fails (`with c.unlocked():` adds sections)
@@ -201,6 +212,16 @@ def loss_config(c) -> LossConfig:
     return from_section(LossConfig, c.rl, objective="pg")
 
 
+def eval_config(c) -> EvalConfig:
+    return from_section(EvalConfig, c.eval)
+
+
+def eval_generation(c) -> dict[str, GenerationSettings]:
+    """Each registered suite's generation settings, by suite prefix."""
+    return {prefix: from_section(GenerationSettings, c.eval.generation[prefix.replace("-", "_")])
+            for prefix in registered() if prefix.replace("-", "_") in c.eval.generation}
+
+
 def bootstrap_config(c) -> BootstrapConfig:
     """`config.bootstrap` (less `cache_dir`) with the run's designer prompt; ValueError names a bad field."""
     if "bootstrap" not in c:
@@ -218,7 +239,7 @@ _STAGES = (
     ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
     ("agent", agent_config), ("hints", hint_config), ("corpus", corpus_config), ("memory", memory),
-    ("rl", optim_config), ("rl", loss_config),
+    ("rl", optim_config), ("rl", loss_config), ("eval", eval_config), ("eval.generation", eval_generation),
 )
 
 

@@ -4,7 +4,8 @@
     -> K plain + K hinted episodes per pool environment (matched seeds)
     -> episode rewards, regret, designer rewards (when due), advantages
     -> one or more compiled updates over designer + agent tokens
-    -> memory, environment log, metrics, gallery, checkpoint
+    -> memory, environment log, held-out evaluation (every `eval.every` iterations),
+       metrics, gallery, checkpoint
 
 Every random choice is drawn from a seed derived from `(config.seed, iteration, phase)`,
 so a resumed run repeats an uninterrupted one exactly.
@@ -32,6 +33,7 @@ from spade_jax.designer.review import rejection_reason, review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.evals import runner as eval_runner
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
 from spade_jax.sandbox import SandboxPool
@@ -73,6 +75,8 @@ class SelfPlay:
         self.hint_cfg = config_lib.hint_config(config)
         self.review_cfg = config_lib.review_config(config)
         self.reward_cfg = config_lib.reward_config(config)
+        self.eval_cfg = config_lib.eval_config(config)
+        self.eval_generation = config_lib.eval_generation(config)
         self.pool = ShardedPool(SandboxPool(config_lib.sandbox_config(config)))
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
         self.memory = config_lib.memory(config)
@@ -239,6 +243,10 @@ class SelfPlay:
         if it % cfg.designer.regeneration_period == cfg.designer.regeneration_period - 1:
             self.state.pool = []
         metrics["memory/size"] = len(self.memory)
+        if self.eval_cfg.every and self.eval_cfg.specs and (it + 1) % self.eval_cfg.every == 0:
+            start = time.perf_counter()
+            metrics.update(self._evaluate(it + 1))
+            times["eval_s"] = time.perf_counter() - start
         generated = sum(int(t.loss_mask.sum()) for t in trajectories) + sum(len(d.tokens) for d in designs)
         sampling_time = times.get("design_s", 0.0) + times["hints_s"] + times["episodes_s"]
         metrics["sampler/tokens_per_s"] = generated / sampling_time if sampling_time else math.nan
@@ -379,6 +387,15 @@ class SelfPlay:
         if due:
             metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
         return stats, agent_sequences, designer
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """The held-out suites on the policy after `step` updates; files in `evals/<step>/`."""
+        out_dir = os.path.join(self.workdir, "evals", str(step)) if self.main else None
+        results = eval_runner.run_suites(self.policy, self.pool, self.eval_cfg, self.agent_cfg, out_dir,
+                                         self.eval_generation, progress=self.config.log.progress and self.main)
+        if self.main:
+            print(eval_runner.table(results), flush=True)
+        return eval_runner.metrics(results)
 
     def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
         if not sequences:

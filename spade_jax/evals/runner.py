@@ -1,0 +1,229 @@
+"""Runs suites with the policy: chat items through `complete_chats`, episode items through the
+agent's own multi-turn engine and sandbox; scores, per-item JSONL and summaries.
+
+Per suite, under ``out_dir``: ``<name>.jsonl`` (one line per item and sample: reply or
+transcript, score, details), ``<name>.json`` and ``<name>.md`` (the summary: items, mean
+score, solved rate, pass@k for every k up to the samples drawn, per group, the generation
+settings, the seed, the wall time). Every random choice derives from ``EvalConfig.seed``, so
+the same seed and parameters give the same items and scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.evals.registry import make_suite
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
+from spade_jax.progress import progress_bar
+from spade_jax.sampling.chat import complete_chats
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Which suites, how many items, and the run-wide knobs of evaluation.
+
+    suites: comma-separated specs (``prefix[:argument]``, see `registry`); every: the main job evaluates
+    after every N-th iteration (0: never); limit: items per suite (0: all); seed: items,
+    shuffles and sampling; episodes_per_env: plays per program of an environment suite;
+    max_turns: turns of an episode item that does not set its own; batch_size: chats per
+    sampler call; acebench_dir: the ACEBench data directory when the spec gives none.
+    """
+
+    suites: str = ""
+    every: int = 0
+    limit: int = 0
+    seed: int = 0
+    episodes_per_env: int = 4
+    max_turns: int = 8
+    batch_size: int = 32
+    acebench_dir: str = ""
+
+    def __post_init__(self):
+        if self.every < 0 or self.limit < 0 or self.episodes_per_env < 1 or self.max_turns < 1 or self.batch_size < 1:
+            raise ValueError(f"eval config out of range: {self}")
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return tuple(spec.strip() for spec in self.suites.split(",") if spec.strip())
+
+
+@dataclasses.dataclass
+class SuiteResult:
+    """One suite's outcome: its summary (None when it could not run, with the reason)."""
+
+    spec: str
+    name: str
+    summary: dict | None
+    unavailable: str | None = None
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(items: Sequence[Item], scores: Sequence[Sequence[Score]], settings: GenerationSettings) -> dict:
+    """Mean score and solved rate over all samples, pass@k per item, the same per group."""
+
+    def block(indices):
+        values = [s.value for i in indices for s in scores[i]]
+        solved = [s.solved for i in indices for s in scores[i]]
+        out = {"items": len(indices), "score": _mean(values), "solved": _mean(solved)}
+        for k in range(1, settings.samples + 1):
+            out[f"pass@{k}"] = _mean([pass_at_k(len(scores[i]), sum(s.solved for s in scores[i]), k)
+                                      for i in indices])
+        rewards = [s.details["reward"] for i in indices for s in scores[i] if "reward" in s.details]
+        if rewards:
+            out["mean_reward"] = _mean(rewards)
+        return out
+
+    groups: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        groups.setdefault(item.group, []).append(index)
+    summary = block(range(len(items)))
+    if len(groups) > 1 or "" not in groups:
+        summary["groups"] = {group: block(indices) for group, indices in sorted(groups.items())}
+    return summary
+
+
+def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None,
+              *, progress: bool = True, spec: str | None = None) -> SuiteResult:
+    """Plays and scores every item of ``suite`` (``settings.samples`` times each); writes its files
+    under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run)."""
+    started = time.perf_counter()
+    settings = suite.settings
+    items = list(suite.items(cfg.limit or None, cfg.seed))
+    context = Context(pool=pool)
+    scores: list[list[Score]] = [[] for _ in items]
+    outputs: list[list[Any]] = [[] for _ in items]
+    chat = [i for i, item in enumerate(items) if item.messages is not None]
+    episodes = [i for i, item in enumerate(items) if item.program is not None]
+    with progress_bar(len(items) * settings.samples, suite.name, unit="samples", enabled=progress) as bar:
+        for sample in range(settings.samples):
+            for start in range(0, len(chat), cfg.batch_size):
+                batch = chat[start:start + cfg.batch_size]
+                completions = complete_chats(
+                    policy, [items[i].messages for i in batch], max_new_tokens=settings.max_new_tokens,
+                    temperature=settings.temperature, top_p=settings.top_p,
+                    seed=_seed(cfg.seed, suite.name, sample, start),
+                )
+                for i, completion in zip(batch, completions):
+                    scores[i].append(suite.score(items[i], completion.text, context))
+                    outputs[i].append(completion.text)
+                bar.update(len(batch))
+            for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
+                group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]
+                episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
+                                                  temperature=settings.temperature, top_p=settings.top_p)
+                requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
+                trajectories = play_episodes(policy, pool, requests, episode_cfg,
+                                             seed=_seed(cfg.seed, suite.name, sample, turns), progress=bar.update)
+                for i, trajectory in zip(group, trajectories):
+                    scores[i].append(suite.score(items[i], trajectory, context))
+                    outputs[i].append(trajectory.messages)
+    summary = summarize(items, scores, settings)
+    summary.update(suite=suite.name, spec=spec or suite.name, seed=cfg.seed, limit=cfg.limit,
+                   notes=list(getattr(suite, "notes", ())),
+                   settings=dataclasses.asdict(settings), wall_s=round(time.perf_counter() - started, 2))
+    if out_dir is not None:
+        _write(out_dir, suite.name, items, scores, outputs, summary)
+    return SuiteResult(spec or suite.name, suite.name, summary)
+
+
+def run_suites(policy, pool, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None,
+               generation: dict[str, GenerationSettings] | None = None, *, progress: bool = True) -> list[SuiteResult]:
+    """Every suite of ``cfg.suites``; one that cannot run says why in one line, the others still run."""
+    results = []
+    for spec in cfg.specs:
+        prefix = spec.partition(":")[0]
+        try:
+            suite = make_suite(spec, (generation or {}).get(prefix), cfg)
+        except SuiteUnavailable as err:
+            print(f"eval {spec}: skipped: {err}", flush=True)
+            results.append(SuiteResult(spec, _file_name(spec), None, unavailable=str(err)))
+            continue
+        results.append(run_suite(policy, pool, suite, cfg, agent_cfg, out_dir, progress=progress, spec=spec))
+    return results
+
+
+def table(results: Sequence[SuiteResult]) -> str:
+    """One markdown table across suites."""
+    lines = ["| suite | items | score | solved | pass@k | wall |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if r.summary is None:
+            lines.append(f"| {r.spec} | - | - | - | - | skipped: {r.unavailable} |")
+            continue
+        s = r.summary
+        k = s["settings"]["samples"]
+        lines.append(f"| {r.spec} | {s['items']} | {_fmt(s['score'])} | {_fmt(s['solved'])} | "
+                     f"pass@{k} {_fmt(s[f'pass@{k}'])} | {s['wall_s']:.0f}s |")
+    return "\n".join(lines)
+
+
+def metrics(results: Sequence[SuiteResult]) -> dict[str, float]:
+    """Scalars for metrics.jsonl / TensorBoard: ``eval/<suite>/<score|solved|pass@k|group/...>``."""
+    out = {}
+    for r in results:
+        if r.summary is None:
+            continue
+        for key, value in r.summary.items():
+            if key in ("score", "solved", "mean_reward") or key.startswith("pass@"):
+                out[f"eval/{r.name}/{key}"] = value
+        for group, block in r.summary.get("groups", {}).items():
+            out[f"eval/{r.name}/{group}/score"] = block["score"]
+    return out
+
+
+def _write(out_dir, name: str, items, scores, outputs, summary: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, name)
+    with open(path + ".jsonl", "w", encoding="utf-8") as f:
+        for item, item_scores, item_outputs in zip(items, scores, outputs):
+            for sample, (score, output) in enumerate(zip(item_scores, item_outputs)):
+                row = {"item_id": item.item_id, "group": item.group, "sample": sample, "score": score.value,
+                       "solved": score.solved, "details": score.details, "output": output}
+                f.write(json.dumps(row, default=str) + "\n")
+    with open(path + ".json", "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, default=str)
+    with open(path + ".md", "w", encoding="utf-8") as f:
+        f.write(_markdown(summary))
+
+
+def _markdown(summary: dict) -> str:
+    lines = [f"# {summary['suite']}", "", f"spec `{summary['spec']}`, seed {summary['seed']}, settings "
+             f"{summary['settings']}, {summary['wall_s']} s", "", "| group | items | score | solved |",
+             "| --- | --- | --- | --- |", f"| all | {summary['items']} | {_fmt(summary['score'])} | {_fmt(summary['solved'])} |"]
+    for group, block in summary.get("groups", {}).items():
+        lines.append(f"| {group or '-'} | {block['items']} | {_fmt(block['score'])} | {_fmt(block['solved'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _file_name(spec: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec).strip("-")
+
+
+def _seed(*parts) -> int:
+    data = [p if isinstance(p, int) else int.from_bytes(hashlib.sha256(str(p).encode()).digest()[:4], "little")
+            for p in parts]
+    return int(np.random.SeedSequence(data).generate_state(1)[0])
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else math.nan
+
+
+def _fmt(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"

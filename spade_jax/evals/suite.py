@@ -1,0 +1,91 @@
+"""The interface every evaluation suite implements, and the records that pass between stages.
+
+A suite lists its items (`Suite.items`), says how each is played — one reply to a chat
+(`Item.messages`) or a multi-turn episode of an environment program (`Item.program`), both
+through the agent's own sampler and engine — and scores what the policy did (`Suite.score`).
+The runner (`evals.runner`) does the rest: batching, k samples per item, the sandbox, files.
+
+A suite that needs a package or a data file that is not there raises `SuiteUnavailable`
+with one line saying what to install or where to put the file; the other suites still run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, Sequence
+
+from spade_jax.agent import Trajectory
+
+
+class SuiteUnavailable(RuntimeError):
+    """The suite cannot run here; the message says what to install or where to put which file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """How a suite's items are sampled: greedy at temperature 0; `samples` per item (pass@k
+    for every k up to it); `max_new_tokens` per reply (per turn in episodes)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    samples: int = 1
+
+    def __post_init__(self):
+        if self.samples < 1 or self.max_new_tokens < 1 or self.temperature < 0:
+            raise ValueError(f"generation settings out of range: {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One thing to evaluate. Exactly one of `messages` (a chat the policy answers once) and
+    `program` (an environment source played as an episode from `seed`) is set. `group`
+    names the sub-score the item counts towards; `reference` is whatever `score` needs."""
+
+    item_id: str
+    group: str = ""
+    messages: tuple[dict, ...] | None = None
+    program: str | None = None
+    seed: int = 0
+    max_turns: int | None = None
+    reference: Any = None
+
+    def __post_init__(self):
+        if (self.messages is None) == (self.program is None):
+            raise ValueError(f"item {self.item_id}: give exactly one of messages and program")
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """How one sample of an item did: `value` in [0, 1] (partial credit where the benchmark
+    gives it), `solved` only for full credit, `details` JSON-serialisable (the parsed answer,
+    the checker's verdict, ...)."""
+
+    value: float
+    solved: bool
+    details: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not 0.0 <= self.value <= 1.0:
+            raise ValueError(f"score {self.value} is outside [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What scoring may use besides the reply: the sandbox pool (running a program's tests)."""
+
+    pool: Any = None
+
+
+class Suite(Protocol):
+    """A benchmark. `name` is how results are filed; `settings` how items are sampled."""
+
+    name: str
+    settings: GenerationSettings
+
+    def items(self, limit: int | None, seed: int) -> Sequence[Item]:
+        """The items, in a fixed order; `limit` keeps the first `limit` of them after a
+        `seed`-fixed choice where the suite samples (the same seed gives the same items)."""
+
+    def score(self, item: Item, reply: str | Trajectory, context: Context) -> Score:
+        """Scores one sample: the decoded reply for chat items, the finished episode otherwise."""

@@ -1,0 +1,67 @@
+"""Environment directories (`envs:PATH`): every program in PATH that passes admission, played plain.
+
+This is how the learning study scores held-out environment families and how a user scores
+any set of environments they write: each ``*.py`` in the directory goes through the
+sandbox's admission stages (parse, load, contract, determinism, not trivial, feasibility;
+no archive, so novelty passes); each admitted program is played ``eval.episodes_per_env``
+times from seeds fixed by ``eval.seed``, as a plain multi-turn episode of the agent's own
+engine. Score 1 for a won episode; the summary also gives the mean episode reward, per
+program (group) and overall. Rejected programs are listed in the summary's notes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.evals.registry import register
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
+
+
+@dataclasses.dataclass
+class EnvironmentSuite:
+    directory: Path
+    settings: GenerationSettings
+    episodes_per_env: int
+    max_turns: int
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"envs-{self.directory.name}"
+
+    def items(self, limit, seed):
+        paths = sorted(self.directory.glob("*.py"))
+        if not paths:
+            raise SuiteUnavailable(f"{self.directory} holds no *.py environment programs")
+        sources = [p.read_text(encoding="utf-8") for p in paths]
+        reports = admit_batch(sources, AdmissionConfig(batch_novelty=False), seed=seed)
+        self.notes = [f"{p.name}: not admitted ({r.stage}: {r.reason})" for p, r in zip(paths, reports) if not r.admitted]
+        items = []
+        for index, (path, source, report) in enumerate(zip(paths, sources, reports)):
+            if not report.admitted:
+                continue
+            seeds = np.random.default_rng([seed, index]).choice(EPISODE_SEED_SPACE, self.episodes_per_env,
+                                                                replace=False)
+            items += [Item(f"{path.stem}/seed{int(s)}", group=path.stem, program=source, seed=int(s),
+                           max_turns=self.max_turns) for s in seeds]
+        return items[:limit] if limit else items
+
+    def score(self, item: Item, trajectory, context: Context) -> Score:
+        return Score(1.0 if trajectory.won else 0.0, trajectory.won,
+                     {"reward": trajectory.reward, "turns": trajectory.turns, "end": trajectory.end_reason})
+
+
+@register("envs", GenerationSettings(temperature=0.0, max_new_tokens=256))
+def make(argument: str, settings: GenerationSettings, eval_config) -> EnvironmentSuite:
+    """Environment programs of a directory, played plain (win rate, mean reward)."""
+    if not argument:
+        raise SuiteUnavailable("envs needs a directory: --suites=envs:PATH (PATH holds *.py environment programs)")
+    directory = Path(argument).expanduser()
+    if not directory.is_dir():
+        raise SuiteUnavailable(f"{directory} is not a directory of environment programs")
+    return EnvironmentSuite(directory, settings, eval_config.episodes_per_env, eval_config.max_turns)

@@ -1,0 +1,138 @@
+"""Held-out evaluation: the runner, the environment-directory suite, the CLI, the main job's
+periodic evaluation and its resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory
+from spade_jax.envs import library
+from spade_jax.evals import runner
+from spade_jax.evals.registry import make_suite, registered
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score
+from spade_jax.models import ModelConfig, make_mesh, random_policy
+from spade_jax.sandbox import SandboxConfig, SandboxPool
+
+REPO = Path(__file__).resolve().parents[1]
+BROKEN = "class BrokenEnv:\n    def reset(self, seed=None):\n        return 'x'\n"
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("heldout")
+    (directory / "arithmetic.py").write_text(library.load_source("arithmetic"))
+    (directory / "tallest.py").write_text(library.load_source("tallest"))
+    (directory / "broken.py").write_text(BROKEN)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def policy(small_tokenizer):
+    config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16)
+    return random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+def test_pass_at_k_and_summary_by_hand():
+    assert runner.pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert runner.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)
+    assert runner.pass_at_k(3, 3, 2) == 1.0 and runner.pass_at_k(3, 0, 3) == 0.0
+    items = [Item("a", "g1", messages=({"role": "user", "content": "?"},)),
+             Item("b", "g2", messages=({"role": "user", "content": "?"},))]
+    scores = [[Score(1.0, True), Score(0.0, False)], [Score(0.5, False), Score(0.5, False)]]
+    summary = runner.summarize(items, scores, GenerationSettings(samples=2))
+    assert summary["score"] == 0.5 and summary["solved"] == 0.25
+    assert summary["pass@1"] == pytest.approx(0.25) and summary["pass@2"] == pytest.approx(0.5)
+    assert summary["groups"]["g1"]["pass@2"] == 1.0 and summary["groups"]["g2"]["score"] == 0.5
+
+
+def test_envs_suite_scores_a_won_episode_1_and_a_lost_one_0(heldout):
+    suite = make_suite(f"envs:{heldout}", None, runner.EvalConfig(episodes_per_env=2))
+    item = Item("arithmetic/seed1", "arithmetic", program="x", seed=1)
+
+    def played(won, reward):
+        return Trajectory(EpisodeRequest(0, "x", 1), np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.float32),
+                          reward, won, 1, "terminated", None, [])
+
+    assert suite.score(item, played(True, 1.0), Context()) == Score(1.0, True, {"reward": 1.0, "turns": 1,
+                                                                                "end": "terminated"})
+    assert suite.score(item, played(False, -1.0), Context()).value == 0.0
+
+
+def test_envs_suite_end_to_end_is_reproducible(heldout, policy, tmp_path):
+    cfg = runner.EvalConfig(suites=f"envs:{heldout}", episodes_per_env=2, max_turns=2, seed=3)
+    agent = AgentConfig(max_turns=2, max_new_tokens=8, context_budget=768)
+    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+        first = runner.run_suites(policy, pool, cfg, agent, tmp_path / "a", progress=False)
+        again = runner.run_suites(policy, pool, cfg, agent, tmp_path / "b", progress=False)
+    (result,) = first
+    summary = result.summary
+    assert summary["items"] == 4 and set(summary["groups"]) == {"arithmetic", "tallest"}
+    assert 0.0 <= summary["score"] <= 1.0 and -1.0 <= summary["mean_reward"] <= 1.0
+    assert any("broken.py: not admitted" in note for note in summary["notes"])
+    for suffix in (".jsonl", ".json", ".md"):
+        assert (tmp_path / "a" / f"{result.name}{suffix}").exists()
+    rows = [json.loads(line) for line in (tmp_path / "a" / f"{result.name}.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(isinstance(r["output"], list) for r in rows)
+    strip = lambda s: {k: v for k, v in s.items() if k != "wall_s"}  # noqa: E731
+    assert strip(again[0].summary) == strip(summary)
+    assert (tmp_path / "a" / f"{result.name}.jsonl").read_text() == (tmp_path / "b" / f"{result.name}.jsonl").read_text()
+    assert runner.metrics(first)[f"eval/{result.name}/score"] == summary["score"]
+
+
+def test_a_suite_that_cannot_run_says_why_and_the_others_run(heldout, policy, tmp_path, capsys):
+    cfg = runner.EvalConfig(suites=f"envs:{tmp_path / 'missing'},envs:{heldout}", episodes_per_env=1, max_turns=1,
+                            limit=1)
+    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+        results = runner.run_suites(policy, pool, cfg, AgentConfig(max_turns=1, max_new_tokens=4), tmp_path,
+                                    progress=False)
+    assert results[0].summary is None and "is not a directory" in results[0].unavailable
+    assert results[1].summary["items"] == 1
+    assert "skipped" in capsys.readouterr().out
+    assert "skipped" in runner.table(results) and f"| envs:{heldout} | 1 |" in runner.table(results)
+    with pytest.raises(ValueError, match="unknown suite"):
+        make_suite("no-such-suite", None, cfg)
+    assert "envs" in registered()
+
+
+def _run(module: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_cli_evaluates_initial_weights_and_writes_a_table(runlocal_config, heldout, tmp_path):
+    out = _run("spade_jax.evals", f"--config={runlocal_config(1)}", f"--workdir={tmp_path}",
+               f"--suites=envs:{heldout},envs:{tmp_path / 'nowhere'}", "--limit=2", "--config.log.progress=False")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "| suite | items |" in out.stdout and "skipped" in out.stdout
+    summaries = list((tmp_path / "evals" / "initial").glob("*.json"))
+    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["items"] == 2
+
+
+def _comparable(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (k.startswith("time/") or "per_s" in k or k.endswith("time_s"))}
+            for r in rows]
+
+
+def test_main_job_evaluates_every_iteration_and_resumes_exactly(runlocal_config, heldout, tmp_path):
+    flags = [f"--config.eval.suites=envs:{heldout}", "--config.eval.every=1", "--config.eval.limit=2",
+             "--config.eval.max_turns=1"]
+    straight = _run("spade_jax.main", f"--config={runlocal_config(2)}", f"--workdir={tmp_path / 'a'}", *flags)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    first = _run("spade_jax.main", f"--config={runlocal_config(1)}", f"--workdir={tmp_path / 'b'}", *flags)
+    resumed = _run("spade_jax.main", f"--config={runlocal_config(2)}", f"--workdir={tmp_path / 'b'}", *flags)
+    assert first.returncode == 0 and resumed.returncode == 0, resumed.stdout + resumed.stderr
+    metrics = _comparable(tmp_path / "a" / "metrics.jsonl")
+    assert metrics == _comparable(tmp_path / "b" / "metrics.jsonl")
+    name = f"envs-{heldout.name}"
+    assert all(0.0 <= row[f"eval/{name}/score"] <= 1.0 for row in metrics)
+    assert (tmp_path / "a" / "evals" / "1" / f"{name}.json").exists()
+    assert (tmp_path / "a" / "evals" / "2" / f"{name}.json").exists()
