@@ -136,3 +136,13 @@ def test_main_job_evaluates_every_iteration_and_resumes_exactly(runlocal_config,
     assert all(0.0 <= row[f"eval/{name}/score"] <= 1.0 for row in metrics)
     assert (tmp_path / "a" / "evals" / "1" / f"{name}.json").exists()
     assert (tmp_path / "a" / "evals" / "2" / f"{name}.json").exists()
+
+
+def test_the_gallery_plots_held_out_scores_when_a_run_has_them(tmp_path):
+    from spade_jax.selfplay import plots
+
+    rows = [{"iteration": 0, "eval/envs-x/score": 0.5, "eval/envs-x/arithmetic/score": 0.25}, {"iteration": 1}]
+    assert plots.eval_plot([{"iteration": 0, "train/loss": 1.0}]) is None
+    assert plots.eval_plot(rows).series == (("eval/envs-x/score", "envs-x"),)
+    written = dict((plot.name, name) for plot, name in plots.write_plots(rows, tmp_path))
+    assert (tmp_path / written["eval_scores"]).stat().st_size > 0

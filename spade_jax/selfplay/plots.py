@@ -105,12 +105,23 @@ def _draw(plot: Plot, rows: Sequence[dict], path: pathlib.Path) -> None:
     os.replace(tmp, path)
 
 
+def eval_plot(rows: Sequence[dict]) -> Plot | None:
+    """The held-out suites' mean scores (``eval/<suite>/score``), when the run evaluates any."""
+    keys = sorted({k for row in rows for k in row if k.startswith("eval/") and k.count("/") == 2
+                   and k.endswith("/score")})
+    if not keys:
+        return None
+    return Plot("eval_scores", "Held-out evaluation (mean score)", tuple((k, k.split("/")[1]) for k in keys),
+                ylim=(0.0, 1.0))
+
+
 def write_plots(rows: Sequence[dict], plots_dir: str | os.PathLike) -> list[tuple[Plot, str]]:
-    """Draw every plot of ``PLOTS`` from metric rows; returns (plot, file name) pairs."""
+    """Draw every plot of ``PLOTS`` (and `eval_plot`) from metric rows; returns (plot, file name) pairs."""
     plots_dir = pathlib.Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for plot in PLOTS:
+    extra = eval_plot(rows)
+    for plot in PLOTS + ((extra,) if extra else ()):
         name = f"{plot.name}.png"
         _draw(plot, rows, plots_dir / name)
         written.append((plot, name))
