@@ -129,7 +129,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                                                   temperature=settings.temperature, top_p=settings.top_p)
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
                 ended = []  # play_episodes reports episodes ending in its turn loop, not those failing to start
-                trajectories = play_episodes(policy, pool, requests, episode_cfg,
+                episode_pool = suite.episode_pool(pool) if hasattr(suite, "episode_pool") else pool
+                trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
                                              seed=_seed(cfg.seed, suite.name, sample, turns),
                                              progress=lambda n: ended.append(n) or bar.update(n))
                 bar.update(len(group) - sum(ended))

@@ -88,4 +88,7 @@ class Suite(Protocol):
         `seed`-fixed choice where the suite samples (the same seed gives the same items)."""
 
     def score(self, item: Item, reply: str | Trajectory, context: Context) -> Score:
-        """Scores one sample: the decoded reply for chat items, the finished episode otherwise."""
+        """Scores one sample: the decoded reply for chat items, the finished episode otherwise.
+
+        A suite whose episodes are not sandbox programs (gymnax games step in-process) also
+        has ``episode_pool(pool)``, returning an object with the pool's episode calls."""

@@ -1,0 +1,169 @@
+"""Gymnax environments as text games (`gymnax[:NAMES]`): Catch, DeepSea and MemoryChain.
+
+Each item is one episode of a gymnax environment, played through the agent's own multi-turn
+engine: every observation is written as text (the grid, or the bits to remember and the
+question), every reply gives one action as ``\\boxed{name}``. Gymnax needs JAX, which the
+sandbox's workers do not have, so these environments step in the trainer's process through
+`HostGamePool`, which answers the sandbox pool's calls (`start`, `step`, `solution`,
+`close`); they are gymnax's own code, not model-written, so they need no sandbox. An episode
+is won when its gymnax return shows success (the ball caught, the treasure reached, the bit
+recalled); the won episode reports reward 1, a lost one its return (at most 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable
+
+from spade_jax.envs.contract import extract_boxed
+from spade_jax.evals.registry import register
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.sandbox.records import StepResult
+
+
+def _grid(rows, marks: dict[tuple[int, int], str]) -> str:
+    return "\n".join("".join(marks.get((r, c), ".") for c in range(len(rows[0]))) for r in range(len(rows)))
+
+
+def _catch(env, state, params) -> str:
+    obs = env.get_obs(state)
+    return ("A ball falls one row per step; catch it with the paddle (=) on the bottom row.\n"
+            + _grid(obs, {(int(state.ball_y), int(state.ball_x)): "o",
+                          (int(state.paddle_y), int(state.paddle_x)): "="}))
+
+
+def _deep_sea(env, state, params) -> str:
+    size = env.size
+    return (f"You descend one row per step through a {size}x{size} sea (@ is you). A treasure lies at the "
+            "bottom right; which of the two actions moves you right differs from cell to cell.\n"
+            + _grid([[0] * size] * size, {(int(state.row), int(state.column)): "@"}))
+
+
+def _memory_chain(env, state, params) -> str:
+    time, length = int(state.time), int(params.memory_length)
+    lines = [f"Step {time + 1} of {length + 1}."]
+    if time == 0:
+        lines.append("Remember these bits: " + " ".join(f"bit {i} = {int(b)}" for i, b in enumerate(state.context)))
+    if time == length:
+        lines.append(f"Question: what was bit {int(state.query)}? Answer with its value.")
+    else:
+        lines.append("Any action continues.")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Game:
+    env_id: str
+    actions: tuple[str, ...]
+    render: Callable
+    won: Callable[[float], bool]
+    max_turns: int
+
+
+GAMES = {
+    "Catch-bsuite": Game("Catch-bsuite", ("left", "stay", "right"), _catch, lambda ret: ret > 0.5, 12),
+    "DeepSea-bsuite": Game("DeepSea-bsuite", ("a", "b"), _deep_sea, lambda ret: ret > 0.5, 10),
+    "MemoryChain-bsuite": Game("MemoryChain-bsuite", ("0", "1"), _memory_chain, lambda ret: ret > 0.5, 8),
+}
+
+
+@dataclasses.dataclass
+class _Episode:
+    game: Game
+    env: object
+    params: object
+    state: object
+    key: object
+    episode_return: float = 0.0
+    turn: int = 0
+
+
+class HostGamePool:
+    """The sandbox pool's episode calls for gymnax games stepping in this process."""
+
+    def __init__(self):
+        self._episodes: dict[int, _Episode] = {}
+        self._ids = itertools.count()
+
+    def start(self, specs):
+        import gymnax
+        import jax
+
+        results = []
+        for spec in specs:
+            episode_id = next(self._ids)
+            game = GAMES[spec.program]
+            env, params = gymnax.make(game.env_id)
+            key, reset_key = jax.random.split(jax.random.PRNGKey(spec.seed or 0))
+            _, state = env.reset_env(reset_key, params)
+            self._episodes[episode_id] = _Episode(game, env, params, state, key)
+            results.append(StepResult(episode_id, observation=self._observation(self._episodes[episode_id])))
+        return results
+
+    def step(self, episode_ids, actions):
+        import jax
+
+        results = []
+        for episode_id, action in zip(episode_ids, actions):
+            e = self._episodes[episode_id]
+            choice = (extract_boxed(action) or action or "").strip().lower()
+            if choice not in e.game.actions:
+                results.append(StepResult(episode_id, truncated=True, turn=e.turn,
+                                          error=f"invalid action {choice[:40]!r}: choose one of {list(e.game.actions)}"))
+                continue
+            e.key, step_key = jax.random.split(e.key)
+            _, e.state, reward, done, *_ = e.env.step_env(step_key, e.state, e.game.actions.index(choice), e.params)
+            e.episode_return += float(reward)
+            e.turn += 1
+            if bool(done):
+                final = 1.0 if e.game.won(e.episode_return) else min(e.episode_return, 0.0)
+                results.append(StepResult(episode_id, observation="The game is over.", reward=final, raw_reward=final,
+                                          terminated=True, turn=e.turn))
+            else:
+                results.append(StepResult(episode_id, observation=self._observation(e), turn=e.turn))
+        return results
+
+    def solution(self, episode_ids):
+        return [None for _ in episode_ids]
+
+    def close(self, episode_ids):
+        for episode_id in episode_ids:
+            self._episodes.pop(episode_id, None)
+
+    @staticmethod
+    def _observation(e: _Episode) -> str:
+        choices = ", ".join(e.game.actions)
+        return f"{e.game.render(e.env, e.state, e.params)}\nReply with one action as \\boxed{{...}}: {choices}."
+
+
+@dataclasses.dataclass
+class GymnaxSuite:
+    games: tuple[str, ...]
+    settings: GenerationSettings
+    episodes_per_env: int
+    name: str = "gymnax"
+
+    def items(self, limit, seed):
+        items = [Item(f"{game}/seed{seed + j}", group=game, program=game, seed=seed + j,
+                      max_turns=GAMES[game].max_turns)
+                 for game in self.games for j in range(self.episodes_per_env)]
+        return items[:limit] if limit else items
+
+    def episode_pool(self, pool):
+        return HostGamePool()
+
+    def score(self, item: Item, trajectory, context: Context) -> Score:
+        return Score(1.0 if trajectory.won else 0.0, trajectory.won,
+                     {"reward": trajectory.reward, "turns": trajectory.turns, "end": trajectory.end_reason,
+                      "error": trajectory.error})
+
+
+@register("gymnax", GenerationSettings(temperature=0.0, max_new_tokens=32))
+def make(argument: str, settings: GenerationSettings, eval_config) -> GymnaxSuite:
+    """Gymnax Catch, DeepSea and MemoryChain as multi-turn text games."""
+    games = tuple(name for name in argument.split(",") if name) or tuple(GAMES)
+    unknown = [name for name in games if name not in GAMES]
+    if unknown:
+        raise SuiteUnavailable(f"unknown gymnax game(s) {unknown}; choose from {list(GAMES)}")
+    return GymnaxSuite(games, settings, eval_config.episodes_per_env)
