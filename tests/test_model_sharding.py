@@ -182,3 +182,26 @@ def test_kv_cache_sharded_as_rules_say(policies):
         assert kv.addressable_shards[0].data.shape == local_shape
         assert kv.dtype == jnp.float32
     assert _spec(cache.segment_ids_BS) == (("data", "fsdp"), None)
+
+
+def test_place_params_puts_host_arrays_on_the_mesh_and_refuses_a_mismatch():
+    from spade_jax.models.loading import CheckpointError, place_params
+    from spade_jax.models.policy import init_model
+
+    host = {}
+    for key_path, value in jax.tree_util.tree_flatten_with_path(
+            nnx.to_pure_dict(nnx.state(init_model(CONFIG, seed=3))))[0]:
+        host["/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)] = np.asarray(value)
+    mesh = make_mesh((2, 2, 2))
+    model = place_params(CONFIG, mesh, TRAIN_RULES, {name: lambda v=v: v for name, v in host.items()})
+    placed = jax.tree_util.tree_leaves(nnx.to_pure_dict(nnx.state(model)))
+    assert len(placed) == len(host) and all(a.sharding.mesh.shape == mesh.shape for a in placed)
+    np.testing.assert_array_equal(sorted(float(np.asarray(a).sum()) for a in placed),
+                                  sorted(float(v.sum()) for v in host.values()))
+    missing = dict(host)
+    name = missing.popitem()[0]
+    with pytest.raises(CheckpointError, match="missing"):
+        place_params(CONFIG, mesh, TRAIN_RULES, {k: lambda v=v: v for k, v in missing.items()})
+    wrong = {k: (lambda v=v: v[..., :1]) if k == name else (lambda v=v: v) for k, v in host.items()}
+    with pytest.raises(CheckpointError, match="shape"):
+        place_params(CONFIG, mesh, TRAIN_RULES, wrong)

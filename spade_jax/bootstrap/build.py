@@ -187,7 +187,7 @@ def load_bootstrap(path: str | os.PathLike, mesh: Mesh | None = None) -> Policy:
     config = ModelConfig(**meta["model_config"])
     mesh = mesh or make_mesh((1, 1, 1), jax.local_devices()[:1])
     with np.load(path / "params.npz") as saved:
-        model = place_params(config, mesh, TRAIN_RULES, lambda key_path: saved["/".join(map(str, key_path))])
+        model = place_params(config, mesh, TRAIN_RULES, {name: lambda name=name: saved[name] for name in saved.files})
     return Policy(model, config, tokenizer, mesh, TRAIN_RULES)
 
 

@@ -16,7 +16,7 @@ import json
 import struct
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -347,30 +347,35 @@ def _check(checkpoint: _Checkpoint, targets: list[_Target], config: ModelConfig,
         )
 
 
-def place_params(config: ModelConfig, mesh: Mesh, rules: Rules, read: Callable[[tuple], np.ndarray], *,
-                 progress: bool = False) -> nnx.Module:
+def place_params(config: ModelConfig, mesh: Mesh, rules: Rules, sources: Mapping[str, Callable[[], np.ndarray]],
+                 *, progress: bool = False) -> nnx.Module:
     """The model for ``config`` with every parameter read from the host and placed on its sharding.
 
-    ``read(path)`` returns the host array of the parameter at ``path`` (its key path in the
-    model's state, e.g. ``("layers", 0, "attn", "q", "kernel")``); it is cast to the
-    parameter dtype and must have the parameter's shape. One parameter is held on the host
-    at a time. Pretrained checkpoints and the bootstrap's cache load through this.
+    ``sources`` maps each parameter's key path in the model's state, joined by "/" (e.g.
+    ``layers/0/attn/q/kernel``), to a function returning its host array; it must name every
+    parameter and nothing else. Each array is cast to the parameter dtype, must have the
+    parameter's shape, and is read when placed, so one parameter is held on the host at a time.
+    Pretrained checkpoints and the bootstrap's cache load through this.
     """
     from spade_jax.progress import progress_bar
 
     graphdef, state = abstract_model(config)
     shardings = nnx.to_pure_dict(param_shardings(state, mesh, rules))
     leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
+    paths = [tuple(getattr(k, "key", getattr(k, "idx", k)) for k in key_path) for key_path, _ in leaves]
+    names = ["/".join(map(str, path)) for path in paths]
+    if set(sources) != set(names):
+        missing, extra = sorted(set(names) - set(sources)), sorted(set(sources) - set(names))
+        raise CheckpointError(f"the parameters given do not match the {config.family} model: "
+                              f"missing {missing[:8]}, unexpected {extra[:8]}")
     dtype = jnp.dtype(config.param_dtype)
     show = progress and config.num_params * dtype.itemsize >= _PROGRESS_MIN_BYTES
     arrays = []
     with progress_bar(len(leaves), "loading weights", unit="tensor", enabled=show, leave=False) as bar:
-        for key_path, leaf in leaves:
-            path = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in key_path)
-            host = np.asarray(read(path), dtype=dtype)
+        for (_, leaf), path, name in zip(leaves, paths, names):
+            host = np.asarray(sources[name](), dtype=dtype)
             if host.shape != tuple(leaf.shape):
-                raise CheckpointError(f"parameter {'/'.join(map(str, path))}: shape {host.shape}, "
-                                      f"the model wants {tuple(leaf.shape)}")
+                raise CheckpointError(f"parameter {name}: shape {host.shape}, the model wants {tuple(leaf.shape)}")
             arrays.append(jax.make_array_from_callback(host.shape, _lookup(shardings, path), lambda idx, h=host: h[idx]))
             del host
             bar.update()
@@ -380,30 +385,18 @@ def place_params(config: ModelConfig, mesh: Mesh, rules: Rules, read: Callable[[
 
 def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.Module:
     """Reads, converts and places every checkpoint tensor the targets name."""
-    sources = {path: (t, layer) for t in targets for path, layer in t.paths(config.num_layers)}
-    _, state = abstract_model(config)
-    wanted = _flat_keys(nnx.to_pure_dict(state))
-    if set(sources) != wanted:
-        raise AssertionError(f"loader targets {sorted(map(str, sources))} != model parameters {sorted(map(str, wanted))}")
 
-    def read(path):
-        target, layer = sources[path]
-        return target.convert(checkpoint.read(checkpoint.names[target.role].format(i=layer)))
+    def reader(target, layer):
+        return lambda: target.convert(checkpoint.read(checkpoint.names[target.role].format(i=layer)))
 
-    return place_params(config, mesh, rules, read, progress=progress)
+    sources = {"/".join(map(str, path)): reader(t, layer) for t in targets for path, layer in t.paths(config.num_layers)}
+    return place_params(config, mesh, rules, sources, progress=progress)
 
 
 def _lookup(tree: dict, path: tuple):
     for key in path:
         tree = tree[key]
     return tree
-
-
-def _flat_keys(tree: dict, prefix=()) -> set:
-    keys = set()
-    for k, v in tree.items():
-        keys |= _flat_keys(v, prefix + (k,)) if isinstance(v, dict) else {prefix + (k,)}
-    return keys
 
 
 def load_pretrained(
