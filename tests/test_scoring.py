@@ -71,3 +71,10 @@ def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
 
 def test_design_env_id():
     assert design_env_id(3, 7) == "it0003-slot07"
+
+
+def test_derive_seed_is_a_seed_sequence_of_its_parts():
+    from spade_jax.seeds import derive_seed
+
+    assert derive_seed(0, 3, 1) == int(np.random.SeedSequence([0, 3, 1]).generate_state(1)[0])
+    assert derive_seed(0, "aime", 0) == derive_seed(0, "aime", 0) != derive_seed(0, "gpqa", 0)

@@ -11,7 +11,6 @@ the same seed and parameters give the same items and scores.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -26,6 +25,7 @@ from spade_jax.evals.registry import make_suite
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
 from spade_jax.sampling.chat import complete_chats
+from spade_jax.seeds import derive_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 completions = complete_chats(
                     policy, [items[i].messages for i in batch], max_new_tokens=settings.max_new_tokens,
                     temperature=settings.temperature, top_p=settings.top_p,
-                    seed=_seed(cfg.seed, suite.name, sample, start),
+                    seed=derive_seed(cfg.seed, suite.name, sample, start),
                 )
                 for i, completion in zip(batch, completions):
                     scores[i].append(suite.score(items[i], completion.text, context))
@@ -131,7 +131,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 ended = []  # play_episodes reports episodes ending in its turn loop, not those failing to start
                 episode_pool = suite.episode_pool(pool) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
-                                             seed=_seed(cfg.seed, suite.name, sample, turns),
+                                             seed=derive_seed(cfg.seed, suite.name, sample, turns),
                                              progress=lambda n: ended.append(n) or bar.update(n))
                 bar.update(len(group) - sum(ended))
                 for i, trajectory in zip(group, trajectories):
@@ -216,12 +216,6 @@ def _markdown(summary: dict) -> str:
 
 def _file_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", spec).strip("-")
-
-
-def _seed(*parts) -> int:
-    data = [p if isinstance(p, int) else int.from_bytes(hashlib.sha256(str(p).encode()).digest()[:4], "little")
-            for p in parts]
-    return int(np.random.SeedSequence(data).generate_state(1)[0])
 
 
 def _mean(values) -> float:

@@ -37,6 +37,7 @@ from spade_jax.evals import runner as eval_runner
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
 from spade_jax.sandbox import SandboxPool
+from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import scoring
 from spade_jax.selfplay.checkpoint import Checkpointer
@@ -52,10 +53,6 @@ _PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "ad
 
 class Preempted(Exception):
     """Raised between phases after SIGTERM; the run saves and exits cleanly."""
-
-
-def derive_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 class SelfPlay:
