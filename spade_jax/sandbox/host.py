@@ -616,7 +616,7 @@ class Host:
                 result = self._step_result(call, observation=observation, reward=clip_reward(reward),
                                            raw_reward=reward, terminated=terminated, truncated=truncated, info=info)
             else:
-                result = dataclasses.asdict(SolutionResult(ep.eid, solution=check_solution(value, limit)))
+                result = vars(SolutionResult(ep.eid, solution=check_solution(value, limit)))
         except ProtocolError as err:
             self._fail(ep, f"protocol error: {err}")
         except EnvFailure as err:
@@ -640,14 +640,14 @@ class Host:
             self._finish(call, result)
 
     def _step_result(self, call: _Call, **fields) -> dict:
-        return dataclasses.asdict(StepResult(call.ep.eid, turn=call.ep.turn,
-                                             elapsed_s=time.monotonic() - call.t0, **fields))
+        # The fields are already plain values (validated and copied), so no deep copy (asdict) per answer.
+        return vars(StepResult(call.ep.eid, turn=call.ep.turn, elapsed_s=time.monotonic() - call.t0, **fields))
 
     def _error(self, call: _Call, message: str, failed_call: str, timed_out: bool = False,
                episode_over: bool = True) -> dict:
         ep = call.ep
         if call.kind == "solution":
-            return dataclasses.asdict(SolutionResult(ep.eid, error=message, timed_out=timed_out))
+            return vars(SolutionResult(ep.eid, error=message, timed_out=timed_out))
         reward = self.cfg.timeout_reward if timed_out and failed_call == "step" else 0.0
         return self._step_result(call, error=message, timed_out=timed_out, truncated=episode_over, reward=reward,
                                  raw_reward=reward, failed_call=failed_call, env_class=ep.meta.get("class"))
