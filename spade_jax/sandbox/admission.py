@@ -55,7 +55,7 @@ import string
 import time
 from collections.abc import Sequence
 
-from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD
+from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD, is_success
 from spade_jax.sandbox.policy import PolicyError, check_program, extract_code
 from spade_jax.sandbox.pool import SandboxPool
 from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult, StepResult
@@ -63,7 +63,6 @@ from spade_jax.sandbox.similarity import SHINGLE_TOKENS, code_similarity, finger
 
 STAGES = ("parse", "load", "contract", "determinism", "not_trivial", "feasibility", "novelty")
 NOOP_ACTIONS = ("", "\\boxed{}", "pass", "<answer></answer>", "<tool_call></tool_call>")
-_WIN = SUCCESS_REWARD - 1e-6
 _CHUNK = 256  # episodes admission keeps live at once
 
 __all__ = ["AdmissionConfig", "AdmissionReport", "NOOP_ACTIONS", "STAGES", "admit", "admit_batch",
@@ -497,7 +496,7 @@ class _Admission:
             if problem:
                 reasons.setdefault(id(c), problem)
             last = trace.steps[-1] if trace.steps else None
-            wins[id(c)] = wins.get(id(c), 0) + bool(last and last.terminated and last.raw_reward >= _WIN)
+            wins[id(c)] = wins.get(id(c), 0) + _won(last)
         plays, limit = self.cfg.random_plays, self.cfg.max_random_win_rate
         for c in cands:
             won = wins.get(id(c), 0)
@@ -509,7 +508,7 @@ class _Admission:
             error = trace.first_error()
             if error:
                 reasons.setdefault(id(c), f"seed {script.seed}, no-op action {_show(script.actions[0])}: {error}")
-            elif trace.steps and trace.steps[0].raw_reward >= _WIN:
+            elif trace.steps and is_success(trace.steps[0].raw_reward):
                 reasons.setdefault(id(c), f"the no-op action {_show(script.actions[0])} already wins "
                                           f"(reward {trace.steps[0].raw_reward}) on seed {script.seed}")
         return [reasons.get(id(c)) for c in cands]
@@ -707,12 +706,17 @@ def _solution_problem(seed: int, trace: _Trace) -> str | None:
     return None
 
 
+def _won(last) -> bool:
+    """Whether an episode's last step (None: no step) ended it with a win."""
+    return last is not None and last.terminated and is_success(last.raw_reward)
+
+
 def _replay_problem(script: _Script, trace: _Trace) -> str | None:
     error = trace.first_error()
     if error:
         return f"replaying solution() for seed {script.seed}: {error}"
     last = trace.steps[-1] if trace.steps else None
-    if last is not None and last.terminated and last.raw_reward >= _WIN:
+    if _won(last):
         return None
     reward = last.raw_reward if last else 0.0
     return (f"replaying solution() for seed {script.seed} did not win: reward {reward} after "

@@ -380,7 +380,6 @@ class PoolCgroup:
         step = f"create {os.path.join(loc.path, name)}"
         try:
             d = cls._make_dir(loc, name, opened, made, parent_fd)
-            d = dataclasses.replace(d, controllers=_CONTROLLERS)
             fd = d.fd
             step = "set memory.max"
             _write_text("memory.max", str(memory_bytes), fd)
