@@ -237,3 +237,10 @@ def test_runs_end_to_end_with_a_tiny_random_policy(tmp_path, small_tokenizer):
     rows = [json.loads(line) for line in (tmp_path / "acebench.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(0.0 <= r["score"] <= 1.0 and "category" in r["details"] for r in rows)
     assert (tmp_path / "acebench.json").is_file() and (tmp_path / "acebench.md").is_file()
+
+
+def test_a_reply_with_values_json_cannot_hold_is_scored_not_raised(suite):
+    reply = "[WeatherPlanner_forecast(city={(1, 2): 3}, days=1j, units=b'x')]"
+    score = suite.score(_item(suite, "normal_single_turn_single_function_0"), reply, None)
+    assert score.value == 0.0
+    json.dumps(score.details)

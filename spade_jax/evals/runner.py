@@ -26,6 +26,7 @@ from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suit
 from spade_jax.progress import progress_bar
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.seeds import derive_seed
+from spade_jax.selfplay.runlog import jsonable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,9 +199,9 @@ def _write(out_dir, name: str, items, scores, outputs, summary: dict) -> None:
             for sample, (score, output) in enumerate(zip(item_scores, item_outputs)):
                 row = {"item_id": item.item_id, "group": item.group, "sample": sample, "score": score.value,
                        "solved": score.solved, "details": score.details, "output": output}
-                f.write(json.dumps(row, default=str) + "\n")
+                f.write(json.dumps(jsonable(row, default=str)) + "\n")
     with open(path + ".json", "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, default=str)
+        json.dump(jsonable(summary, default=str), f, indent=1)
     with open(path + ".md", "w", encoding="utf-8") as f:
         f.write(_markdown(summary))
 

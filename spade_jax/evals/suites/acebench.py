@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from spade_jax.evals.registry import register
+from spade_jax.selfplay.runlog import jsonable
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
 
 NORMAL_CATEGORIES = (
@@ -703,7 +704,7 @@ class ACEBenchSuite:
             calls = parse_calls(text)
         except ParseError as err:
             return _score(details, _fail("wrong_output_format", f"cannot parse the calls: {err}"))
-        details["calls"] = _jsonable(calls)
+        details["calls"] = jsonable(calls, default=repr)
         answers = ref.ground_truth if isinstance(ref.ground_truth, list) else [ref.ground_truth]
         answers = [answer for answer in answers if isinstance(answer, dict)]
         first = None if answers else _fail("no_answer", "the item has no possible answer of calls")
@@ -725,10 +726,6 @@ def _score(details: dict, verdict: dict) -> Score:
     if not valid:
         details.update(error_type=verdict["error_type"], error=verdict["error"])
     return Score(1.0 if valid else 0.0, valid, details)
-
-
-def _jsonable(value):
-    return json.loads(json.dumps(value, default=repr))
 
 
 def find_data(directory: Path) -> Path | None:
