@@ -146,3 +146,14 @@ def test_the_gallery_plots_held_out_scores_when_a_run_has_them(tmp_path):
     assert plots.eval_plot(rows).series == (("eval/envs-x/score", "envs-x"),)
     written = dict((plot.name, name) for plot, name in plots.write_plots(rows, tmp_path))
     assert (tmp_path / written["eval_scores"]).stat().st_size > 0
+
+
+def test_episode_progress_counts_every_episode_failed_starts_included(policy):
+    from spade_jax.agent import play_episodes
+
+    told = []
+    requests = [EpisodeRequest(0, BROKEN, 1), EpisodeRequest(1, library.load_source("arithmetic"), 2)]
+    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+        trajectories = play_episodes(policy, pool, requests, AgentConfig(max_turns=2, max_new_tokens=4),
+                                     progress=told.append)
+    assert trajectories[0].end_reason == "error" and sum(told) == len(requests)

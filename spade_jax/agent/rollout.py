@@ -127,7 +127,8 @@ def play_episodes(
     """Plays every request to the end; trajectories come back in request order.
 
     `sample` has the signature of `spade_jax.sampling.generate`; tests and external
-    agents may pass their own.
+    agents may pass their own. `progress(n)` is told of every `n` episodes that ended, however
+    they ended (a failed start included), so its counts add up to `len(requests)`.
     """
     if not requests:
         return []
@@ -151,12 +152,22 @@ def play_episodes(
         observation = start.observation + (HINT_SEPARATOR + hint if hint else "")
         episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
 
+    reported = 0
+
+    def report_ended() -> None:
+        nonlocal reported
+        ended = sum(1 for e in episodes if e.end_reason)
+        if progress and ended > reported:
+            progress(ended - reported)
+        reported = ended
+
     turn = 0
     while True:
         live = [e for e in episodes if not e.end_reason]
         for e in live:
             if len(e.conversation) + cfg.max_new_tokens > cfg.context_budget:
                 e.end_reason = "context"
+        report_ended()
         live = [e for e in live if not e.end_reason]
         if not live:
             break
@@ -190,8 +201,7 @@ def play_episodes(
                 e.end_reason = "max_turns"
             else:
                 e.conversation.add_observation(tokenizer, result.observation, bool(generation.finished[row]))
-        if progress:
-            progress(sum(1 for e in live if e.end_reason))
+        report_ended()
         turn += 1
 
     pool.close([e.episode_id for e in episodes])

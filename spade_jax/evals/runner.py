@@ -129,12 +129,9 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
                                                   temperature=settings.temperature, top_p=settings.top_p)
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
-                ended = []  # play_episodes reports episodes ending in its turn loop, not those failing to start
                 episode_pool = suite.episode_pool(pool) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
-                                             seed=derive_seed(cfg.seed, suite.name, sample, turns),
-                                             progress=lambda n: ended.append(n) or bar.update(n))
-                bar.update(len(group) - sum(ended))
+                                             seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update)
                 for i, trajectory in zip(group, trajectories):
                     scores[i].append(suite.score(items[i], trajectory, context))
                     outputs[i].append(trajectory.messages)
