@@ -106,7 +106,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     started = time.perf_counter()
     settings = suite.settings
     items = list(suite.items(cfg.limit or None, cfg.seed))
-    context = Context(pool=pool)
+    context = Context(pool=pool, policy=policy, seed=cfg.seed)
     scores: list[list[Score]] = [[] for _ in items]
     outputs: list[list[Any]] = [[] for _ in items]
     chat = [i for i, item in enumerate(items) if item.messages is not None]
@@ -129,7 +129,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
                                                   temperature=settings.temperature, top_p=settings.top_p)
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
-                episode_pool = suite.episode_pool(pool) if hasattr(suite, "episode_pool") else pool
+                episode_pool = suite.episode_pool(context) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
                                              seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update)
                 for i, trajectory in zip(group, trajectories):

@@ -72,9 +72,12 @@ class Score:
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-    """What scoring may use besides the reply: the sandbox pool (running a program's tests)."""
+    """What a suite may use besides the reply: the sandbox pool (running a program's tests), the
+    policy under evaluation (an opponent in self-play, a simulated user) and the run's seed."""
 
     pool: Any = None
+    policy: Any = None
+    seed: int = 0
 
 
 class Suite(Protocol):
@@ -91,4 +94,5 @@ class Suite(Protocol):
         """Scores one sample: the decoded reply for chat items, the finished episode otherwise.
 
         A suite whose episodes are not sandbox programs (gymnax games step in-process) also
-        has ``episode_pool(pool)``, returning an object with the pool's episode calls."""
+        has ``episode_pool(context)``, returning an object with the pool's episode calls
+        (`start`, `step`, `solution`, `close`)."""

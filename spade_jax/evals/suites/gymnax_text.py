@@ -150,7 +150,7 @@ class GymnaxSuite:
                  for game in self.games for j in range(self.episodes_per_env)]
         return items[:limit] if limit else items
 
-    def episode_pool(self, pool):
+    def episode_pool(self, context: Context):
         return HostGamePool()
 
     def score(self, item: Item, trajectory, context: Context) -> Score:
