@@ -20,6 +20,10 @@ def _best(game, e):
         return "left" if s.paddle_x > s.ball_x else "right" if s.paddle_x < s.ball_x else "stay"
     if game == "MemoryChain-bsuite":
         return str(int(s.context[s.query]))
+    if game == "BernoulliBandit-misc":
+        return str(int(s.reward_probs.argmax()))
+    if game == "GaussianBandit-misc":
+        return str(int(s.mu > 0))
     return "a" if not bool(e.env.action_mapping[s.row, s.column]) else "b"
 
 
@@ -47,6 +51,22 @@ def test_a_scripted_winner_wins_and_a_contrarian_loses(game, seed):
     assert lost.terminated and lost.reward <= 0.0 and not is_success(lost.reward)
 
 
+def test_a_bandit_player_that_explores_then_exploits_wins_and_one_that_splits_its_pulls_loses():
+    for seed in range(4):
+        for game in ("BernoulliBandit-misc", "GaussianBandit-misc"):
+            pool = HostGamePool()
+            (start,) = pool.start([EpisodeSpec(program=game, seed=seed)])
+            e = pool._episodes[start.episode_id]
+            assert "Pull 1 of 10" in start.observation and "arm 1: pulled 0 times" in start.observation
+            explore = ["0", "1", _best(game, e)] + [_best(game, e)] * 7
+            results = [pool.step([start.episode_id], [f"\\boxed{{{a}}}"])[0] for a in explore]
+            assert [r.terminated for r in results] == [False] * 9 + [True] and results[-1].reward == 1.0
+            assert "arm 0: pulled 1 times" in results[1].observation
+            (start,) = pool.start([EpisodeSpec(program=game, seed=seed)])
+            split = [pool.step([start.episode_id], [f"\\boxed{{{turn % 2}}}"])[0] for turn in range(10)]
+            assert split[-1].terminated and split[-1].reward == 0.0
+
+
 def test_an_invalid_action_ends_the_episode_with_a_reason():
     pool = HostGamePool()
     (start,) = pool.start([EpisodeSpec(program="Catch-bsuite", seed=0)])
@@ -70,7 +90,7 @@ def test_a_tiny_policy_plays_every_game_end_to_end(small_tokenizer, tmp_path):
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", progress=False)
     again = runner.run_suites(policy, None, cfg, agent, tmp_path / "b", progress=False)
     summary = first[0].summary
-    assert summary["items"] == 6 and set(summary["groups"]) == set(GAMES)
+    assert summary["items"] == 2 * len(GAMES) and set(summary["groups"]) == set(GAMES)
     assert 0.0 <= summary["score"] <= 1.0
     assert (tmp_path / "a" / "gymnax.jsonl").read_text() == (tmp_path / "b" / "gymnax.jsonl").read_text()
     assert (tmp_path / "a" / "gymnax.md").exists()
