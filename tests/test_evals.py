@@ -17,7 +17,10 @@ from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score
 from spade_jax.models import ModelConfig, make_mesh, random_policy
+from spade_jax.evals.suites.envs import EnvironmentSuite
+from spade_jax.selfplay import config as config_lib
 from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.sandbox.admission import AdmissionConfig
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN = "class BrokenEnv:\n    def reset(self, seed=None):\n        return 'x'\n"
@@ -65,12 +68,33 @@ def test_envs_suite_scores_a_won_episode_1_and_a_lost_one_0(heldout):
     assert suite.score(item, played(False, -1.0), Context()).value == 0.0
 
 
-def test_envs_suite_end_to_end_is_reproducible(heldout, policy, tmp_path):
+def test_envs_suite_admits_with_the_runs_admission_config(heldout):
+    strict = runner.EvalConfig(admission=AdmissionConfig(max_code_chars=200))
+    suite = make_suite(f"envs:{heldout}", None, strict)
+    assert suite.items(None, 0) == []
+    assert len(suite.notes) == 3 and all("not admitted" in note for note in suite.notes)
+
+
+def test_the_eval_config_carries_the_runs_admission_and_sandbox():
+    c = config_lib.base_config()
+    c.admission.max_code_chars = 1234
+    c.sandbox.call_timeout_s = 7.0
+    admission = config_lib.eval_config(c).admission
+    assert admission.max_code_chars == 1234 and admission.sandbox.call_timeout_s == 7.0
+    assert "admission" not in c.eval
+
+
+def test_envs_suite_end_to_end_is_reproducible_and_lists_its_items_once(heldout, policy, tmp_path, monkeypatch):
+    listed = []
+    original = EnvironmentSuite.items
+    monkeypatch.setattr(EnvironmentSuite, "items", lambda self, *a: listed.append(a) or original(self, *a))
     cfg = runner.EvalConfig(suites=f"envs:{heldout}", episodes_per_env=2, max_turns=2, seed=3)
     agent = AgentConfig(max_turns=2, max_new_tokens=8, context_budget=768)
+    evaluator = runner.Evaluator(cfg)
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
-        first = runner.run_suites(policy, pool, cfg, agent, tmp_path / "a", progress=False)
-        again = runner.run_suites(policy, pool, cfg, agent, tmp_path / "b", progress=False)
+        first = evaluator.run(policy, pool, agent, tmp_path / "a", progress=False)
+        again = evaluator.run(policy, pool, agent, tmp_path / "b", progress=False)
+    assert listed == [(None, 3)]
     (result,) = first
     summary = result.summary
     assert summary["items"] == 4 and set(summary["groups"]) == {"arithmetic", "tallest"}

@@ -24,6 +24,7 @@ from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.evals.registry import make_suite
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
+from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay.runlog import jsonable
@@ -37,7 +38,9 @@ class EvalConfig:
     after every N-th iteration (0: never); limit: items per suite (0: all); seed: items,
     shuffles and sampling; episodes_per_env: plays per program of an environment suite;
     max_turns: turns of an episode item that does not set its own; batch_size: chats per
-    sampler call; acebench_dir: the ACEBench data directory when the spec gives none.
+    sampler call; acebench_dir: the ACEBench data directory when the spec gives none;
+    admission: the run's admission (its sandbox and limits), with which environment suites
+    admit their programs (None: the defaults).
     """
 
     suites: str = ""
@@ -48,6 +51,7 @@ class EvalConfig:
     max_turns: int = 8
     batch_size: int = 32
     acebench_dir: str = ""
+    admission: AdmissionConfig | None = None
 
     def __post_init__(self):
         if self.every < 0 or self.limit < 0 or self.episodes_per_env < 1 or self.max_turns < 1 or self.batch_size < 1:
@@ -100,12 +104,13 @@ def summarize(items: Sequence[Item], scores: Sequence[Sequence[Score]], settings
 
 
 def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None,
-              *, progress: bool = True, spec: str | None = None) -> SuiteResult:
+              *, progress: bool = True, spec: str | None = None, items: Sequence[Item] | None = None) -> SuiteResult:
     """Plays and scores every item of ``suite`` (``settings.samples`` times each); writes its files
-    under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run)."""
+    under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run).
+    ``items``: the suite's items when the caller has listed them already."""
     started = time.perf_counter()
     settings = suite.settings
-    items = list(suite.items(cfg.limit or None, cfg.seed))
+    items = list(suite.items(cfg.limit or None, cfg.seed) if items is None else items)
     context = Context(pool=pool, policy=policy, seed=cfg.seed)
     scores: list[list[Score]] = [[] for _ in items]
     outputs: list[list[Any]] = [[] for _ in items]
@@ -144,20 +149,39 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     return SuiteResult(spec or suite.name, suite.name, summary)
 
 
+class Evaluator:
+    """The suites of ``cfg``, built and their items listed once, then played on demand: the main
+    job evaluates many times, and listing items can cost (admitting an environment directory,
+    generating a benchmark's items). A suite that cannot run says why once, in one line; the
+    others still run."""
+
+    def __init__(self, cfg: EvalConfig, generation: dict[str, GenerationSettings] | None = None):
+        self.cfg = cfg
+        self._suites: list[tuple[str, Suite | None, list[Item] | str]] = []
+        for spec in cfg.specs:
+            try:
+                suite = make_suite(spec, (generation or {}).get(spec.partition(":")[0]), cfg)
+                self._suites.append((spec, suite, list(suite.items(cfg.limit or None, cfg.seed))))
+            except SuiteUnavailable as err:
+                print(f"eval {spec}: skipped: {err}", flush=True)
+                self._suites.append((spec, None, str(err)))
+
+    def run(self, policy, pool, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None, *,
+            progress: bool = True) -> list[SuiteResult]:
+        results = []
+        for spec, suite, items in self._suites:
+            if suite is None:
+                results.append(SuiteResult(spec, _file_name(spec), None, unavailable=items))
+            else:
+                results.append(run_suite(policy, pool, suite, self.cfg, agent_cfg, out_dir, progress=progress,
+                                         spec=spec, items=items))
+        return results
+
+
 def run_suites(policy, pool, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None,
                generation: dict[str, GenerationSettings] | None = None, *, progress: bool = True) -> list[SuiteResult]:
-    """Every suite of ``cfg.suites``; one that cannot run says why in one line, the others still run."""
-    results = []
-    for spec in cfg.specs:
-        prefix = spec.partition(":")[0]
-        try:
-            suite = make_suite(spec, (generation or {}).get(prefix), cfg)
-        except SuiteUnavailable as err:
-            print(f"eval {spec}: skipped: {err}", flush=True)
-            results.append(SuiteResult(spec, _file_name(spec), None, unavailable=str(err)))
-            continue
-        results.append(run_suite(policy, pool, suite, cfg, agent_cfg, out_dir, progress=progress, spec=spec))
-    return results
+    """Every suite of ``cfg.suites`` once (`Evaluator` keeps them for evaluating again)."""
+    return Evaluator(cfg, generation).run(policy, pool, agent_cfg, out_dir, progress=progress)
 
 
 def table(results: Sequence[SuiteResult]) -> str:

@@ -148,7 +148,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Held-out evaluation (`spade_jax.evals`): which suites, how often; per-suite sampling in
     # `eval.generation.<prefix>` (dashes in a prefix become underscores).
-    c.eval = section(EvalConfig)
+    c.eval = section(EvalConfig, exclude=("admission",))
     c.eval.generation = ml_collections.ConfigDict(
         {prefix.replace("-", "_"): section(GenerationSettings, **dataclasses.asdict(entry.settings))
          for prefix, entry in registered().items()}
@@ -213,7 +213,7 @@ def loss_config(c) -> LossConfig:
 
 
 def eval_config(c) -> EvalConfig:
-    return from_section(EvalConfig, c.eval)
+    return from_section(EvalConfig, c.eval, admission=admission_config(c))
 
 
 def eval_generation(c) -> dict[str, GenerationSettings]:

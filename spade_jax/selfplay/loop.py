@@ -74,6 +74,7 @@ class SelfPlay:
         self.reward_cfg = config_lib.reward_config(config)
         self.eval_cfg = config_lib.eval_config(config)
         self.eval_generation = config_lib.eval_generation(config)
+        self.evaluator: eval_runner.Evaluator | None = None  # built at the first evaluation
         self.pool = ShardedPool(SandboxPool(config_lib.sandbox_config(config)))
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
         self.memory = config_lib.memory(config)
@@ -388,8 +389,10 @@ class SelfPlay:
     def _evaluate(self, step: int) -> dict[str, float]:
         """The held-out suites on the policy after `step` updates; files in `evals/<step>/`."""
         out_dir = os.path.join(self.workdir, "evals", str(step)) if self.main else None
-        results = eval_runner.run_suites(self.policy, self.pool, self.eval_cfg, self.agent_cfg, out_dir,
-                                         self.eval_generation, progress=self.config.log.progress and self.main)
+        if self.evaluator is None:
+            self.evaluator = eval_runner.Evaluator(self.eval_cfg, self.eval_generation)
+        results = self.evaluator.run(self.policy, self.pool, self.agent_cfg, out_dir,
+                                     progress=self.config.log.progress and self.main)
         if self.main:
             print(eval_runner.table(results), flush=True)
         return eval_runner.metrics(results)

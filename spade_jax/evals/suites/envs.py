@@ -3,7 +3,8 @@
 This is how the learning study scores held-out environment families and how a user scores
 any set of environments they write: each ``*.py`` in the directory goes through the
 sandbox's admission stages (parse, load, contract, determinism, not trivial, feasibility;
-no archive, so novelty passes); each admitted program is played ``eval.episodes_per_env``
+no archive, so novelty passes) under the run's admission config and sandbox
+(``EvalConfig.admission``); each admitted program is played ``eval.episodes_per_env``
 times from seeds fixed by ``eval.seed``, as a plain multi-turn episode of the agent's own
 engine. Score 1 for a won episode; the summary also gives the mean episode reward, per
 program (group) and overall. Rejected programs are listed in the summary's notes.
@@ -28,6 +29,7 @@ class EnvironmentSuite:
     settings: GenerationSettings
     episodes_per_env: int
     max_turns: int
+    admission: AdmissionConfig
     notes: list = dataclasses.field(default_factory=list)
 
     @property
@@ -39,7 +41,7 @@ class EnvironmentSuite:
         if not paths:
             raise SuiteUnavailable(f"{self.directory} holds no *.py environment programs")
         sources = [p.read_text(encoding="utf-8") for p in paths]
-        reports = admit_batch(sources, AdmissionConfig(batch_novelty=False), seed=seed)
+        reports = admit_batch(sources, dataclasses.replace(self.admission, batch_novelty=False), seed=seed)
         self.notes = [f"{p.name}: not admitted ({r.stage}: {r.reason})" for p, r in zip(paths, reports) if not r.admitted]
         items = []
         for index, (path, source, report) in enumerate(zip(paths, sources, reports)):
@@ -64,4 +66,5 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> Environmen
     directory = Path(argument).expanduser()
     if not directory.is_dir():
         raise SuiteUnavailable(f"{directory} is not a directory of environment programs")
-    return EnvironmentSuite(directory, settings, eval_config.episodes_per_env, eval_config.max_turns)
+    return EnvironmentSuite(directory, settings, eval_config.episodes_per_env, eval_config.max_turns,
+                            eval_config.admission or AdmissionConfig())
