@@ -123,7 +123,7 @@ def test_gpqa_reads_the_published_columns_and_groups_by_subdomain():
                                         "Physics (general)", "Chemistry"]  # the last falls back to the domain
     text = _chat(items[3])
     assert '(Choose one, "exactly".)' in text and "Answer: $LETTER" in text
-    letter = items[3].reference
+    letter = items[3].reference.correct
     assert f"\n{letter}) Pressure, p" in text  # the letter marks the correct choice
     assert sorted(line[:3] for line in text.splitlines()[-4:]) == ["A) ", "B) ", "C) ", "D) "]
 
@@ -136,7 +136,7 @@ def test_gpqa_same_seed_same_items_and_shuffles():
     orders = {tuple(_chat(i) for i in make_suite(f"gpqa:{GPQA}", None, runner.EvalConfig(seed=s)).items(None, s))
               for s in range(6)}
     assert len(orders) > 1  # the seed changes the shuffles
-    letters = [i.reference for s in range(6) for i in make_suite(f"gpqa:{GPQA}", None,
+    letters = [i.reference.correct for s in range(6) for i in make_suite(f"gpqa:{GPQA}", None,
                                                                  runner.EvalConfig(seed=s)).items(None, s)]
     assert len(set(letters)) > 1  # the correct answer is not always in one place
 
@@ -144,12 +144,16 @@ def test_gpqa_same_seed_same_items_and_shuffles():
 def test_gpqa_scores_the_correct_letter_1_and_another_0():
     suite = make_suite(f"gpqa:{GPQA}", None, CFG)
     item = suite.items(None, 0)[0]
-    right, wrong = item.reference, next(letter for letter in "ABCD" if letter != item.reference)
+    right, wrong = item.reference.correct, next(letter for letter in "ABCD" if letter != item.reference.correct)
     assert suite.score(item, f"Nitrogen is most of it.\n\nAnswer: {right}", Context()).solved
     assert suite.score(item, f"\\boxed{{{right}}}", Context()).value == 1.0
     miss = suite.score(item, f"Answer: {wrong}", Context())
     assert miss.value == 0.0 and miss.details == {"parsed": wrong, "correct": right}
     assert suite.score(item, f"I am unsure, maybe {right}", Context()).details["parsed"] is None
+    shown = dict(zip("ABCD", item.reference.choices))
+    assert suite.score(item, f"Let me think.\n{right}) {shown[right]}", Context()).solved
+    assert suite.score(item, f"{wrong}) {shown[wrong]}.", Context()).details["parsed"] == wrong
+    assert suite.score(item, f"{right}) {shown[wrong]}", Context()).details["parsed"] is None  # letter and text disagree
 
 
 @pytest.mark.parametrize("reply, letter", [
@@ -158,6 +162,7 @@ def test_gpqa_scores_the_correct_letter_1_and_another_0():
     ("Answer: A\nOn reflection, \\boxed{D}", "D"), ("\\boxed{A} ... Answer: B", "B"),
     ("The answer is B", None), ("Answer: B or C", None), ("Answer: 42", None), ("\\boxed{E}", None),
     ("Answer: b", None), ("\\boxed{B}\nAnswer: E", None), ("B is right", None), ("", None),
+    ("Answer: D)", "D"), ("so\nC)", "C"), ("D) Nitrogen", None), ("Answer: (D", None),
 ])
 def test_gpqa_parses_answers_strictly(reply, letter):
     assert gpqa.parse_letter(reply) == letter

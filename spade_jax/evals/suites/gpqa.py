@@ -18,11 +18,13 @@ Answer parsing is strict. The reply's answer is the letter of the LAST of these 
 ``\\boxed{X}`` (``X`` alone, optionally wrapped in ``\\text{}``/``\\textbf{}``/``\\mathrm{}``
 and/or parentheses), or ``Answer: X`` (``answer`` in any case, optionally ``final answer``,
 markdown ``**``/``*`` around either part, ``X`` optionally in parentheses). When the reply has
-neither, its last non-empty line counts if it is nothing but the letter. Around the letter,
-parentheses, ``**``, ``$`` and one trailing period are allowed everywhere. ``X`` must be one of A-D in upper case; a
+neither, its last non-empty line counts if it is nothing but the letter, or if it repeats one
+choice line as listed (``D) Nitrogen`` when D is Nitrogen; a letter with other text is no
+answer). Around the letter, parentheses (or a closing one alone, as the listing writes
+``D)``), ``**``, ``$`` and one trailing period are allowed everywhere. ``X`` must be one of A-D in upper case; a
 last marker holding anything else (``\\boxed{E}``, ``Answer: 42``, ``Answer: B or C``) is no
 answer. Score 1 iff the parsed letter is the correct one; ``details`` holds the parsed
-letter (None when there was none) and the correct one.
+letter (None when there was none) and the correct one. An item's ``reference`` is its `Key`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import dataclasses
 import random
 import re
 from pathlib import Path
+from typing import NamedTuple, Sequence
 
 from spade_jax.evals.registry import register
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
@@ -50,6 +53,14 @@ _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 _ANSWER = re.compile(r"(?:\*\*|\*)?\b(?:final\s+)?answer\s*(?:\*\*|\*)?\s*:\s*(?:\*\*|\*)?\s*"
                      r"(\(\s*[^\s()]*\s*\)|[^\s*]+(?:\s+(?:or|and)\s+\S+)?)", re.IGNORECASE)
 _WRAPPERS = re.compile(r"^\\(?:text|textbf|mathrm|mathbf)\s*\{(.*)\}$")
+_CHOICE_LINE = re.compile(r"^[*$\s]*\(?([A-D])\)\s+(.+?)[*$\s.]*$")
+
+
+class Key(NamedTuple):
+    """An item's answer key: the correct letter and the choices in the order shown."""
+
+    correct: str
+    choices: tuple[str, ...]
 
 
 def _letter_of(raw: str) -> str | None:
@@ -62,17 +73,29 @@ def _letter_of(raw: str) -> str | None:
         text = text[:-1].strip() if text.endswith(".") else text
         if text.startswith("(") and text.endswith(")"):
             text = text[1:-1].strip()
+        elif text.endswith(")") and "(" not in text:
+            text = text[:-1].strip()
     return text if len(text) == 1 and text in LETTERS else None
 
 
-def parse_letter(reply: str) -> str | None:
-    """The letter a reply answers with, by the strict rules of the module docstring, or None."""
+def parse_letter(reply: str, choices: Sequence[str] = ()) -> str | None:
+    """The letter a reply answers with, by the strict rules of the module docstring, or None.
+    ``choices``: the choices as shown, A first (a last line that repeats one counts)."""
     marks = [(m.start(), m.group(1)) for m in _BOXED.finditer(reply)]
     marks += [(m.start(), m.group(1)) for m in _ANSWER.finditer(reply)]
     if marks:
         return _letter_of(max(marks)[1])
     lines = [line for line in reply.splitlines() if line.strip()]
-    return _letter_of(lines[-1]) if lines else None
+    if not lines:
+        return None
+    echoed = _CHOICE_LINE.match(lines[-1])
+    if echoed and choices and _same_text(echoed.group(2), choices[LETTERS.index(echoed.group(1))]):
+        return echoed.group(1)
+    return _letter_of(lines[-1])
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()).rstrip(".").casefold() == " ".join(b.split()).rstrip(".").casefold()
 
 
 def load_questions(path: Path) -> list[dict]:
@@ -116,16 +139,17 @@ class GpqaSuite:
             choices, correct = shuffled(question, self.shuffle_seed)
             listing = "\n".join(f"{letter}) {choice}" for letter, choice in zip(LETTERS, choices))
             prompt = TEMPLATE.format(question=question["question"], choices=listing)
-            items.append(Item(question["id"], group=question["group"], reference=correct,
+            items.append(Item(question["id"], group=question["group"], reference=Key(correct, tuple(choices)),
                               messages=({"role": "user", "content": prompt},)))
         return items
 
     def score(self, item: Item, reply, context: Context) -> Score:
         if not isinstance(reply, str):
             raise TypeError(f"{self.name} scores chat replies, got {type(reply).__name__}")
-        letter = parse_letter(reply)
-        correct = letter == item.reference
-        return Score(1.0 if correct else 0.0, correct, {"parsed": letter, "correct": item.reference})
+        key: Key = item.reference
+        letter = parse_letter(reply, key.choices)
+        correct = letter == key.correct
+        return Score(1.0 if correct else 0.0, correct, {"parsed": letter, "correct": key.correct})
 
 
 @register("gpqa", GenerationSettings(temperature=0.0, max_new_tokens=2048))
