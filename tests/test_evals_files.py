@@ -260,6 +260,20 @@ def test_lcb_hostile_or_broken_solutions_fail_without_hurting_the_run(pool):
     assert pool.stats()["live"] == 0
 
 
+def test_lcb_item_time_limit_is_kept_by_the_sandboxed_program(pool):
+    suite = make_suite(f"lcb:{LCB}", None, CFG)
+    total = suite.items(None, 0)[0]
+    slow = livecodebench.prepare_code(
+        "import datetime\nbegun = datetime.datetime.now()\n"
+        "while (datetime.datetime.now() - begun).total_seconds() < 0.6:\n    pass\n"
+        "n = int(input())\nprint(sum(map(int, input().split())))\n")
+    tests = livecodebench.load_tests(total.reference["file"], total.reference["offset"])
+    score = livecodebench.run_tests(pool, slow, None, tests, time_limit_s=1.0)
+    stopped = score.details["stopped"]
+    assert 1 <= stopped["test"] <= 2 and "item time limit of 1 s" in stopped["error"]
+    assert score.details["passed"] == stopped["test"] and not score.solved
+
+
 # --- end to end ----------------------------------------------------------------------------------
 
 
