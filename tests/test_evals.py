@@ -15,7 +15,7 @@ from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory
 from spade_jax.envs import library
 from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, spread, stable_seed
 from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.evals.suites.envs import EnvironmentSuite
 from spade_jax.selfplay import config as config_lib
@@ -53,6 +53,18 @@ def test_pass_at_k_and_summary_by_hand():
     assert summary["score"] == 0.5 and summary["solved"] == 0.25
     assert summary["pass@1"] == pytest.approx(0.25) and summary["pass@2"] == pytest.approx(0.5)
     assert summary["groups"]["g1"]["pass@2"] == 1.0 and summary["groups"]["g2"]["score"] == 0.5
+
+
+def test_spread_covers_every_group_keeps_item_order_and_depends_only_on_the_seed():
+    groups = ["a"] * 6 + ["b"] * 2 + ["c"] * 3
+    assert spread(groups, None, 0, "x") == spread(groups, 11, 0, "x") == list(range(11))
+    kept = spread(groups, 5, 0, "x")
+    assert kept == sorted(kept) and len(kept) == 5
+    assert sorted(groups[i] for i in kept) == ["a", "a", "b", "b", "c"]  # round-robin a, b, c, a, b
+    assert spread(groups, 5, 0, "x") == kept
+    assert sorted(groups[i] for i in spread(groups, 3, 7, "x")) == ["a", "b", "c"]
+    assert len({tuple(spread(groups, 4, seed, "x")) for seed in range(10)}) > 1
+    assert stable_seed("x", 1, "a") == stable_seed("x", 1, "a") != stable_seed("x", 2, "a")
 
 
 def test_envs_suite_scores_a_won_episode_1_and_a_lost_one_0(heldout):

@@ -12,6 +12,8 @@ with one line saying what to install or where to put the file; the other suites 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import random
 from typing import Any, Protocol, Sequence
 
 from spade_jax.agent import Trajectory
@@ -96,3 +98,29 @@ class Suite(Protocol):
         A suite whose episodes are not sandbox programs (gymnax games step in-process) also
         has ``episode_pool(context)``, returning an object with the pool's episode calls
         (`start`, `step`, `solution`, `close`)."""
+
+
+def stable_seed(*parts) -> int:
+    """A 64-bit seed from ``parts`` that is the same in every process (no ``hash()``)."""
+    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()[:8], "little")
+
+
+def spread(groups: Sequence[str], limit: int | None, seed: int, salt: str) -> list[int]:
+    """Which items a ``limit`` keeps, given each item's group: all of them without a limit (or
+    with one at least their number); else ``limit`` taken from the groups in turn (in order of
+    first appearance), each group's items in a ``(salt, seed)``-fixed order, so that a small
+    limit still covers every group and the same seed keeps the same items in every process.
+    Indices come back in item order."""
+    if not limit or limit >= len(groups):
+        return list(range(len(groups)))
+    queues: dict[str, list[int]] = {}
+    for index, group in enumerate(groups):
+        queues.setdefault(group, []).append(index)
+    for group, queue in queues.items():
+        random.Random(stable_seed(salt, seed, group)).shuffle(queue)
+    chosen: list[int] = []
+    while len(chosen) < limit:
+        for queue in queues.values():
+            if queue and len(chosen) < limit:
+                chosen.append(queue.pop())
+    return sorted(chosen)

@@ -5,9 +5,7 @@ Registers no suite. Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import re
 from pathlib import Path
 from typing import Iterator
@@ -79,16 +77,3 @@ def suite_name(prefix: str, path: Path) -> str:
     """How results are filed: the file's stem when it already names the benchmark, else prefix-stem."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem if path.is_file() else path.name).strip("-") or prefix
     return stem if stem.lower().startswith(prefix) else f"{prefix}-{stem}"
-
-
-def choose(count: int, limit: int | None, seed: int) -> list[int]:
-    """Indices of the items to keep: all of them without ``limit`` (or with one at least ``count``),
-    else ``limit`` of them drawn with ``seed`` (the same seed, the same ones), in file order."""
-    if not limit or limit >= count:
-        return list(range(count))
-    return sorted(random.Random(stable_seed("choose", seed, count)).sample(range(count), limit))
-
-
-def stable_seed(*parts) -> int:
-    """A 64-bit seed from ``parts`` that is the same in every process (no ``hash()``)."""
-    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()[:8], "little")

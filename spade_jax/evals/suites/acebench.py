@@ -55,7 +55,6 @@ import dataclasses
 import json
 import math
 import operator
-import random
 import re
 import warnings
 from collections import Counter
@@ -64,7 +63,7 @@ from typing import Any
 
 from spade_jax.evals.registry import register
 from spade_jax.selfplay.runlog import jsonable
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 
 NORMAL_CATEGORIES = (
     "normal_single_turn_single_function",
@@ -672,21 +671,7 @@ class ACEBenchSuite:
         """All items (category by category, in file order), or ``limit`` of them spread across the
         categories in turn, each category's picked in a ``seed``-fixed order."""
         items = self.all_items()
-        if not limit or limit >= len(items):
-            return items
-        by_category: dict[str, list[int]] = {}
-        for index, item in enumerate(items):
-            by_category.setdefault(item.group, []).append(index)
-        queues = []
-        for category, indices in by_category.items():
-            random.Random(f"acebench:{seed}:{category}").shuffle(indices)
-            queues.append(indices)
-        chosen: list[int] = []
-        while len(chosen) < limit:
-            for queue in queues:
-                if queue and len(chosen) < limit:
-                    chosen.append(queue.pop())
-        return [items[i] for i in sorted(chosen)]
+        return [items[i] for i in spread([item.group for item in items], limit, seed, "acebench")]
 
     def score(self, item: Item, reply, context: Context | None = None) -> Score:
         ref: Reference = item.reference

@@ -36,8 +36,8 @@ from pathlib import Path
 
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
-from spade_jax.evals.suites._files import choose, data_path, files_of, first_key, json_records, suite_name
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suites._files import data_path, files_of, first_key, json_records, suite_name
 
 SUFFIXES = (".jsonl", ".json")
 WHERE = ("a JSONL of problem/answer records, e.g. aime2025-I.jsonl and aime2025-II.jsonl of "
@@ -108,7 +108,7 @@ class AimeSuite:
     def items(self, limit, seed):
         return [Item(p["id"], group=p["year"], reference=p["answer"],
                      messages=({"role": "user", "content": f"{p['problem']}\n\n{INSTRUCTION}"},))
-                for p in (self.problems[i] for i in choose(len(self.problems), limit, seed))]
+                for p in (self.problems[i] for i in spread([p["year"] for p in self.problems], limit, seed, "aime"))]
 
     def score(self, item: Item, reply, context: Context) -> Score:
         if not isinstance(reply, str):

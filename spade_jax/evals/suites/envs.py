@@ -19,7 +19,7 @@ import numpy as np
 
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 
@@ -51,7 +51,7 @@ class EnvironmentSuite:
                                                                 replace=False)
             items += [Item(f"{path.stem}/seed{int(s)}", group=path.stem, program=source, seed=int(s),
                            max_turns=self.max_turns) for s in seeds]
-        return items[:limit] if limit else items
+        return [items[i] for i in spread([item.group for item in items], limit, seed, "envs")]
 
     def score(self, item: Item, trajectory, context: Context) -> Score:
         return Score(1.0 if trajectory.won else 0.0, trajectory.won,

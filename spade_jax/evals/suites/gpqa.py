@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
-from spade_jax.evals.suites._files import choose, data_path, stable_seed, suite_name
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread, stable_seed
+from spade_jax.evals.suites._files import data_path, suite_name
 
 LETTERS = "ABCD"
 WHERE = ("the GPQA CSV, e.g. gpqa_diamond.csv from dataset.zip of https://github.com/idavidrein/gpqa "
@@ -134,7 +134,7 @@ class GpqaSuite:
 
     def items(self, limit, seed):
         items = []
-        for index in choose(len(self.questions), limit, seed):
+        for index in spread([q["group"] for q in self.questions], limit, seed, "gpqa"):
             question = self.questions[index]
             choices, correct = shuffled(question, self.shuffle_seed)
             listing = "\n".join(f"{letter}) {choice}" for letter, choice in zip(LETTERS, choices))

@@ -26,7 +26,7 @@ from typing import Callable
 
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 from spade_jax.sandbox.records import StepResult
 
 
@@ -198,7 +198,7 @@ class GymnaxSuite:
         items = [Item(f"{game}/seed{seed + j}", group=game, program=game, seed=seed + j,
                       max_turns=GAMES[game].max_turns)
                  for game in self.games for j in range(self.episodes_per_env)]
-        return items[:limit] if limit else items
+        return [items[i] for i in spread([item.group for item in items], limit, seed, "gymnax")]
 
     def episode_pool(self, context: Context):
         return HostGamePool()

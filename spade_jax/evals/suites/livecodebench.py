@@ -66,8 +66,8 @@ import zlib
 from pathlib import Path
 
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
-from spade_jax.evals.suites._files import choose, data_path, files_of, suite_name
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suites._files import data_path, files_of, suite_name
 
 SUFFIXES = (".jsonl",)
 WHERE = ("a LiveCodeBench code_generation JSONL, e.g. test6.jsonl of "
@@ -553,7 +553,7 @@ class LiveCodeBenchSuite:
     def items(self, limit, seed):
         return [Item(p["id"], group=p["difficulty"], reference={k: p[k] for k in ("func_name", "file", "offset")},
                      messages=({"role": "user", "content": prompt_for(p)},))
-                for p in (self.problems[i] for i in choose(len(self.problems), limit, seed))]
+                for p in (self.problems[i] for i in spread([p["difficulty"] for p in self.problems], limit, seed, "lcb"))]
 
     def score(self, item: Item, reply, context: Context) -> Score:
         if not isinstance(reply, str):

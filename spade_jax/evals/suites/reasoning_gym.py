@@ -67,7 +67,7 @@ from typing import Sequence
 
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, stable_seed
 
 PACKAGE = "reasoning-gym"
 VERSION = "0.1.25"
@@ -146,11 +146,6 @@ def _halting_check(answer: str | None, stored: str | None) -> float:
 
 
 CHECK_FIXES = {"game_of_life_halting": _halting_check}
-
-
-def stable_seed(*parts) -> int:
-    """A seed from ``parts`` that is the same in every process (no ``hash()``)."""
-    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()[:8], "little")
 
 
 def dataset_order(specs: Sequence[DatasetSpec], seed: int) -> list[DatasetSpec]:
