@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -59,7 +58,7 @@ from typing import Callable, Sequence
 from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 from spade_jax.evals.suites import acebench
 from spade_jax.evals.suites.acebench_apis import CLASSES, Scenario
 from spade_jax.sandbox.records import StepResult
@@ -554,22 +553,9 @@ class ACEBenchAgentSuite:
                 for item_id, ref in self.references.items()]
 
     def items(self, limit: int | None, seed: int) -> list[Item]:
-        """All items, or ``limit`` of them taken from the categories in turn, each category's in a
-        ``seed``-fixed order (kept in file order)."""
+        """All items, or ``limit`` of them spread over the two categories (`suite.spread`)."""
         items = self.all_items()
-        if not limit or limit >= len(items):
-            return items
-        queues = []
-        for category in CATEGORIES:
-            indices = [i for i, item in enumerate(items) if item.group == category]
-            random.Random(f"acebench-agent:{seed}:{category}").shuffle(indices)
-            queues.append(indices)
-        chosen: list[int] = []
-        while len(chosen) < limit:
-            for queue in queues:
-                if queue and len(chosen) < limit:
-                    chosen.append(queue.pop())
-        return [items[i] for i in sorted(chosen)]
+        return [items[i] for i in spread([item.group for item in items], limit, seed, self.name)]
 
     def episode_pool(self, context: Context) -> AgentPool:
         user = PolicyUser(context.policy, self.settings.max_new_tokens, context.seed) if context.policy else None
