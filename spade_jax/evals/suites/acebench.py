@@ -714,10 +714,12 @@ def _score(details: dict, verdict: dict) -> Score:
 
 
 def find_data(directory: Path) -> Path | None:
-    """The folder holding ``data_<category>.json`` and ``possible_answer/``: DIR itself, or DIR's
-    ``data_en`` or ``data_all/data_en`` (a clone of the repository)."""
+    """The folder holding ``data_<category>.json`` (of any category, the agent ones included) and
+    ``possible_answer/``: DIR itself, or DIR's ``data_en`` or ``data_all/data_en`` (a clone of
+    the repository)."""
     for candidate in (directory, directory / "data_en", directory / "data_all" / "data_en"):
-        if candidate.is_dir() and any((candidate / f"data_{c}.json").is_file() for c in CATEGORIES):
+        if candidate.is_dir() and any((candidate / f"data_{c}.json").is_file()
+                                      for c in CATEGORIES + AGENT_CATEGORIES):
             return candidate
     return None
 

@@ -571,17 +571,6 @@ class ACEBenchAgentSuite:
         return Score(1.0 if verdict["end_state"] else 0.0, verdict["end_state"], details)
 
 
-def find_data(directory: Path) -> Path | None:
-    """`acebench.find_data`'s folder, or the same candidates holding only the agent files."""
-    found = acebench.find_data(directory)
-    if found is not None:
-        return found
-    for candidate in (directory, directory / "data_en", directory / "data_all" / "data_en"):
-        if candidate.is_dir() and any((candidate / f"data_{c}.json").is_file() for c in CATEGORIES):
-            return candidate
-    return None
-
-
 def load(directory: Path) -> tuple[dict, list[str]]:
     references, notes = {}, []
     unchecked = 0
@@ -630,7 +619,7 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> ACEBenchAg
     given = argument or getattr(eval_config, "acebench_dir", "") or ""
     if not given:
         raise SuiteUnavailable(WHERE)
-    directory = find_data(Path(given).expanduser())
+    directory = acebench.find_data(Path(given).expanduser())
     if directory is None:
         raise SuiteUnavailable(f"{given}: {WHERE}")
     references, notes = load(directory)
