@@ -1,0 +1,185 @@
+"""BFCL-v4 multi-turn (`bfcl` suite): the package's ground truth replayed through the pool scores
+valid, wrong play scores 0, hostile replies run nothing, and a tiny policy plays end to end."""
+
+import dataclasses
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import pytest
+
+from spade_jax.agent import AgentConfig
+from spade_jax.agent.actions import MAX_RAW_ACTION_CHARS, parse_action
+from spade_jax.evals import runner
+from spade_jax.evals.registry import make_suite, registered
+from spade_jax.evals.suite import GenerationSettings, SuiteUnavailable
+from spade_jax.models import ModelConfig, make_mesh, random_policy
+from spade_jax.evals.suites import bfcl
+from spade_jax.sandbox.records import EpisodeSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:  # the fields of evals.runner.EvalConfig the suite reads
+    limit: int = 0
+    seed: int = 0
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return bfcl.make("", GenerationSettings(), _Config())
+
+
+def _item(suite, entry_id):
+    return next(i for i in suite.all_items() if i.item_id == entry_id)
+
+
+def _replies(calls: list[str]) -> list[str]:
+    """One turn's calls as replies the engine passes whole (each at most MAX_RAW_ACTION_CHARS)."""
+    replies, chunk = [], []
+    for call in calls:
+        if chunk and len("[" + ", ".join(chunk + [call]) + "]") > MAX_RAW_ACTION_CHARS:
+            replies.append("[" + ", ".join(chunk) + "]")
+            chunk = []
+        chunk.append(call)
+    return replies + (["[" + ", ".join(chunk) + "]"] if chunk else [])
+
+
+def _play(suite, entry_id, replies):
+    """Plays ``replies`` (until the episode ends) through a fresh pool as the engine would, and scores it."""
+    pool = suite.episode_pool(None)
+    (start,) = pool.start([EpisodeSpec(program=entry_id, seed=0)])
+    messages, results = [], [start]
+    for reply in replies:
+        messages.append({"role": "assistant", "content": reply})
+        (result,) = pool.step([start.episode_id], [parse_action(reply)])
+        results.append(result)
+        if result.done:
+            break
+    pool.close([start.episode_id])
+    end = "terminated" if results[-1].terminated else "max_turns"
+    return results, suite.score(_item(suite, entry_id), SimpleNamespace(messages=messages, end_reason=end))
+
+
+def _ground_truth_replies(suite, entry_id):
+    return [reply for turn in suite.truth[entry_id] for reply in _replies(turn) + ["Done."]]
+
+
+@pytest.mark.parametrize("category", bfcl.CATEGORIES)
+def test_the_ground_truth_replayed_through_the_pool_is_valid_on_every_item(suite, category):
+    """Every item but those with a ground-truth call the engine cuts (longer than a reply it
+    passes whole): 8 long_context entries, which no reply can solve until the engine passes more."""
+    items = [i for i in suite.all_items() if i.group == category]
+    assert len(items) == 200
+    too_long = {i.item_id for i in items
+                if any(len(f"[{call}]") > MAX_RAW_ACTION_CHARS for turn in suite.truth[i.item_id] for call in turn)}
+    assert len(too_long) == (8 if category == "long_context" else 0)
+    failures = set()
+    for item in items:
+        results, score = _play(suite, item.item_id, _ground_truth_replies(suite, item.item_id))
+        if not (results[-1].terminated and score.solved and score.value == 1.0):
+            failures.add(item.item_id)
+        assert not any(r.observation.startswith("Error:") for r in results)
+    assert failures == too_long
+    assert not [k for k in vars(suite.bfcl.execution) if k.startswith("spadejax_bfcl_")], "instances left cached"
+
+
+def test_no_calls_or_a_wrong_argument_scores_zero(suite):
+    entry_id = "multi_turn_base_0"
+    truth = suite.truth[entry_id]
+    _, silent = _play(suite, entry_id, ["I cannot help."] * len(truth))
+    assert silent.value == 0.0 and silent.details["error_type"] == "multi_turn:empty_turn_model_response"
+    wrong = _ground_truth_replies(suite, entry_id)
+    assert wrong[0].count("mkdir(dir_name='temp')") == 1
+    wrong[0] = wrong[0].replace("mkdir(dir_name='temp')", "mkdir(dir_name='tmp')")
+    results, score = _play(suite, entry_id, wrong)
+    assert results[-1].terminated and score.value == 0.0 and not score.solved
+    assert score.details["error_type"] == "multi_turn:instance_state_mismatch"
+    assert score.details["calls"][0][0][1] == "mkdir(dir_name='tmp')"
+    _, unfinished = _play(suite, entry_id, _ground_truth_replies(suite, entry_id)[:-1])
+    assert unfinished.value == 0.0 and unfinished.details["error_type"] == bfcl.FORCE_TERMINATED
+
+
+def test_the_first_observation_and_the_held_out_functions_follow_upstream(suite):
+    entry_id = "multi_turn_miss_func_0"
+    entry = suite.entries[entry_id]
+    (held_turn, held), = entry["missed_function"].items()
+    assert [d["name"] for d in held] == ["sort"] and held_turn == "3"
+    assert "sort" not in {d["name"] for d in entry["function"]}
+    results, score = _play(suite, entry_id, _ground_truth_replies(suite, entry_id))
+    first = results[0].observation
+    assert first.startswith("You are an expert in composing functions.You are given a question")
+    assert "[func_name1(params_name1=params_value1" in first and entry["question"][0][0]["content"] in first
+    revealed = [r.observation for r in results if "I have updated some more functions" in r.observation]
+    assert len(revealed) == 1 and "'name': 'sort'" in revealed[0]
+    assert score.solved
+
+
+def test_hostile_replies_are_refused_and_nothing_runs(suite, tmp_path):
+    marker = tmp_path / "x"
+    entry_id = "multi_turn_base_0"
+    pool = suite.episode_pool(None)
+    (start,) = pool.start([EpisodeSpec(program=entry_id, seed=0)])
+    hostile = [f"[__import__('os').system('touch {marker}')]", "[open('/etc/passwd')]",
+               f"[cd(folder='document'), mkdir(dir_name=__import__('os').system('touch {marker}'))]",
+               "[mkdir(dir_name='a' + 'b')]", "[mkdir(**{'dir_name': 'x'})]", "[os.system('ls')]",
+               "[power(base=7, exponent=10000000)]", "[tail(file_name='a', lines=10**9)]",
+               "[tail(file_name='a', lines=1000000000)]"]
+    for reply in hostile:
+        (result,) = pool.step([start.episode_id], [reply])
+        assert result.observation.startswith("Error:") and "Nothing was executed" in result.observation, reply
+        assert not result.done
+    assert not marker.exists()
+    (result,) = pool.step([start.episode_id], ["[pwd()]"])
+    assert result.observation == ("[{'role': 'tool', 'name': 'pwd()', "
+                                  "'content': '{\"current_working_directory\": \"/workspace\"}'}]")
+    pool.close([start.episode_id])
+    transcript = suite.transcript(entry_id, hostile + ["[pwd()]"])
+    assert transcript.turns == [[["pwd()"]]]
+
+
+def test_the_step_limit_ends_the_episode_and_fails_it(suite):
+    entry_id = "multi_turn_base_0"
+    limit = suite.bfcl.prompts.MAXIMUM_STEP_LIMIT
+    results, score = _play(suite, entry_id, ["[pwd()]"] * (limit + 5))
+    assert len(results) == limit + 2 and results[-1].terminated and "forced to quit" in results[-1].observation
+    assert score.value == 0.0 and score.details["error_type"] == bfcl.FORCE_TERMINATED
+    assert _item(suite, entry_id).max_turns == len(suite.truth[entry_id]) * (limit + 2)
+
+
+def test_subsets_limits_and_a_missing_package(suite, monkeypatch):
+    assert "bfcl" in registered()
+    subset = make_suite("bfcl:base,miss_func", None, runner.EvalConfig())
+    assert subset.name == "bfcl-base-miss_func" and {i.group for i in subset.all_items()} == {"base", "miss_func"}
+    chosen = suite.items(8, 3)
+    assert chosen == suite.items(8, 3) and chosen != suite.items(8, 4)
+    assert [sum(i.group == c for i in chosen) for c in bfcl.CATEGORIES] == [2, 2, 2, 2]
+    with pytest.raises(SuiteUnavailable, match="unknown BFCL multi-turn category"):
+        make_suite("bfcl:simple", None, runner.EvalConfig())
+    root = Path(suite.bfcl.utils.PROJECT_ROOT).resolve()
+    assert not root.is_relative_to(Path(suite.bfcl.utils.PACKAGE_ROOT).resolve().parent)
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)
+    with pytest.raises(SuiteUnavailable, match="pip install --no-deps bfcl-eval==2026.3.23") as err:
+        make_suite("bfcl", None, runner.EvalConfig())
+    assert "\n" not in str(err.value)
+
+
+def test_a_tiny_policy_plays_bfcl_end_to_end(small_tokenizer, tmp_path, monkeypatch):
+    """Through the runner and the engine; the function docs (42k characters) are left out of the
+    prompt so that the tiny model on CPU plays every user turn in seconds."""
+    monkeypatch.setattr(bfcl, "system_prompt", lambda prompts, functions: "Reply with calls such as [pwd()].")
+    config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16)
+    policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    cfg = runner.EvalConfig(suites="bfcl", limit=4, seed=5)
+    agent = AgentConfig(context_budget=2048)
+    generation = {"bfcl": GenerationSettings(max_new_tokens=8)}
+    first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", generation, progress=False)
+    runner.run_suites(policy, None, cfg, agent, tmp_path / "b", generation, progress=False)
+    summary = first[0].summary
+    assert summary["items"] == 4 and set(summary["groups"]) == set(bfcl.CATEGORIES)
+    assert 0.0 <= summary["score"] <= 1.0
+    rows = (tmp_path / "a" / "bfcl.jsonl").read_text()
+    assert rows == (tmp_path / "b" / "bfcl.jsonl").read_text()
+    assert '"end": "terminated"' in rows
+    assert (tmp_path / "a" / "bfcl.md").exists() and (tmp_path / "a" / "bfcl.json").exists()
