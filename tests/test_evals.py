@@ -5,13 +5,14 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory
+from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory, play_episodes
 from spade_jax.envs import library
 from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
@@ -20,6 +21,7 @@ from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.evals.suites.envs import EnvironmentSuite
 from spade_jax.selfplay import config as config_lib
 from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.sandbox.records import StepResult
 from spade_jax.sandbox.admission import AdmissionConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,3 +195,46 @@ def test_episode_progress_counts_every_episode_failed_starts_included(policy):
         trajectories = play_episodes(policy, pool, requests, AgentConfig(max_turns=2, max_new_tokens=4),
                                      progress=told.append)
     assert trajectories[0].end_reason == "error" and sum(told) == len(requests)
+
+
+class _RecordingPool:
+    """Episode calls of a one-step game that records the actions it is given."""
+
+    def __init__(self):
+        self.actions = []
+
+    def start(self, specs):
+        return [StepResult(i, observation="Say something long.") for i, _ in enumerate(specs)]
+
+    def step(self, episode_ids, actions):
+        self.actions += actions
+        return [StepResult(i, observation="over", terminated=True, turn=1) for i in episode_ids]
+
+    def solution(self, episode_ids):
+        return [None for _ in episode_ids]
+
+    def close(self, episode_ids):
+        pass
+
+
+def test_read_action_hands_the_pool_whole_replies_instead_of_the_parsed_action(small_tokenizer):
+    from spade_jax.sampling import Generation, GenerationStats
+
+    reply = " ".join(f"word{i}" for i in range(150)) + " \\boxed{7}"
+    ids = np.asarray(small_tokenizer.encode(reply), np.int32)[None]
+
+    def sample(policy, prompts, **kwargs):
+        n = len(prompts)
+        return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
+                          lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),
+                          stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=1,
+                                                bucket=(n, 0, ids.shape[1])))
+
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer)
+    request = [EpisodeRequest(0, "game", 0)]
+    parsed, whole = _RecordingPool(), _RecordingPool()
+    play_episodes(policy, parsed, request, AgentConfig(max_turns=1, context_budget=4096), sample=sample)
+    play_episodes(policy, whole, request, AgentConfig(max_turns=1, context_budget=4096), sample=sample,
+                  read_action=lambda text: text)
+    assert parsed.actions == ["\\boxed{7}"]
+    assert len(whole.actions[0]) > 1000 and whole.actions[0].endswith("\\boxed{7}")

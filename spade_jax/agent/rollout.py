@@ -123,11 +123,13 @@ def play_episodes(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     sample: Callable[..., Generation] = generate,
+    read_action: Callable[[str], str] = parse_action,
 ) -> list[Trajectory]:
     """Plays every request to the end; trajectories come back in request order.
 
     `sample` has the signature of `spade_jax.sampling.generate`; tests and external
-    agents may pass their own. `progress(n)` is told of every `n` episodes that ended, however
+    agents may pass their own. `read_action` turns a decoded reply into what the pool's
+    ``step`` receives (benchmark pools that parse replies their own way take them whole). `progress(n)` is told of every `n` episodes that ended, however
     they ended (a failed start included), so its counts add up to `len(requests)`.
     """
     if not requests:
@@ -186,7 +188,7 @@ def play_episodes(
             ids = generation.tokens[row, :n]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             e.conversation.add_response(ids, generation.logprobs[row, :n], text)
-            actions.append(parse_action(text))
+            actions.append(read_action(text))
         results = pool.step([e.episode_id for e in live], actions)
         for row, (e, result) in enumerate(zip(live, results)):
             e.turns += 1

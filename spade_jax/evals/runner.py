@@ -136,7 +136,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
                 episode_pool = suite.episode_pool(context) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
-                                             seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update)
+                                             seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update,
+                                             **({"read_action": suite.read_action} if hasattr(suite, "read_action") else {}))
                 for i, trajectory in zip(group, trajectories):
                     scores[i].append(suite.score(items[i], trajectory, context))
                     outputs[i].append(trajectory.messages)

@@ -89,15 +89,18 @@ class Suite(Protocol):
     settings: GenerationSettings
 
     def items(self, limit: int | None, seed: int) -> Sequence[Item]:
-        """The items, in a fixed order; `limit` keeps the first `limit` of them after a
-        `seed`-fixed choice where the suite samples (the same seed gives the same items)."""
+        """The items, in a fixed order; `limit` keeps that many, chosen with ``seed`` (most
+        suites by `spread`: the same seed gives the same items)."""
 
     def score(self, item: Item, reply: str | Trajectory, context: Context) -> Score:
         """Scores one sample: the decoded reply for chat items, the finished episode otherwise.
 
         A suite whose episodes are not sandbox programs (gymnax games step in-process) also
         has ``episode_pool(context)``, returning an object with the pool's episode calls
-        (`start`, `step`, `solution`, `close`)."""
+        (`start`, `step`, `solution`, `close`). A suite whose pool reads whole replies (a
+        benchmark's own call parser) has ``read_action(reply) -> str``; without it the pool
+        gets the agent's parsed action (`spade_jax.agent.actions.parse_action`: a tool call
+        or answer block, else the last ``\\boxed{}``, else the reply cut to 512 characters)."""
 
 
 def stable_seed(*parts) -> int:

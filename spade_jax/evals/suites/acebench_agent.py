@@ -557,6 +557,11 @@ class ACEBenchAgentSuite:
         items = self.all_items()
         return [items[i] for i in spread([item.group for item in items], limit, seed, self.name)]
 
+    @staticmethod
+    def read_action(reply: str) -> str:
+        """The pool reads the whole reply as upstream does (not the agent's parsed action)."""
+        return reply
+
     def episode_pool(self, context: Context) -> AgentPool:
         user = PolicyUser(context.policy, self.settings.max_new_tokens, context.seed) if context.policy else None
         return AgentPool(self.references, user)
