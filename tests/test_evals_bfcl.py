@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from spade_jax.agent import AgentConfig
-from spade_jax.agent.actions import MAX_RAW_ACTION_CHARS, parse_action
+from spade_jax.agent.actions import MAX_RAW_ACTION_CHARS
 from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import GenerationSettings, SuiteUnavailable
@@ -34,25 +34,14 @@ def _item(suite, entry_id):
     return next(i for i in suite.all_items() if i.item_id == entry_id)
 
 
-def _replies(calls: list[str]) -> list[str]:
-    """One turn's calls as replies the engine passes whole (each at most MAX_RAW_ACTION_CHARS)."""
-    replies, chunk = [], []
-    for call in calls:
-        if chunk and len("[" + ", ".join(chunk + [call]) + "]") > MAX_RAW_ACTION_CHARS:
-            replies.append("[" + ", ".join(chunk) + "]")
-            chunk = []
-        chunk.append(call)
-    return replies + (["[" + ", ".join(chunk) + "]"] if chunk else [])
-
-
 def _play(suite, entry_id, replies):
-    """Plays ``replies`` (until the episode ends) through a fresh pool as the engine would, and scores it."""
+    """Plays ``replies`` (until the episode ends) through a fresh pool as the engine does, and scores it."""
     pool = suite.episode_pool(None)
     (start,) = pool.start([EpisodeSpec(program=entry_id, seed=0)])
     messages, results = [], [start]
     for reply in replies:
         messages.append({"role": "assistant", "content": reply})
-        (result,) = pool.step([start.episode_id], [parse_action(reply)])
+        (result,) = pool.step([start.episode_id], [suite.read_action(reply)])
         results.append(result)
         if result.done:
             break
@@ -62,25 +51,26 @@ def _play(suite, entry_id, replies):
 
 
 def _ground_truth_replies(suite, entry_id):
-    return [reply for turn in suite.truth[entry_id] for reply in _replies(turn) + ["Done."]]
+    """Each turn's ground-truth calls as one reply (none for a turn without), then a reply that ends the turn."""
+    return [reply for turn in suite.truth[entry_id]
+            for reply in (["[" + ", ".join(turn) + "]"] if turn else []) + ["Done."]]
 
 
 @pytest.mark.parametrize("category", bfcl.CATEGORIES)
 def test_the_ground_truth_replayed_through_the_pool_is_valid_on_every_item(suite, category):
-    """Every item but those with a ground-truth call the engine cuts (longer than a reply it
-    passes whole): 8 long_context entries, which no reply can solve until the engine passes more."""
+    """Every item; long_context's include replies far longer than the engine passes sandbox
+    environments (MAX_RAW_ACTION_CHARS), which this suite takes whole."""
     items = [i for i in suite.all_items() if i.group == category]
     assert len(items) == 200
-    too_long = {i.item_id for i in items
-                if any(len(f"[{call}]") > MAX_RAW_ACTION_CHARS for turn in suite.truth[i.item_id] for call in turn)}
-    assert len(too_long) == (8 if category == "long_context" else 0)
-    failures = set()
+    failures = []
     for item in items:
         results, score = _play(suite, item.item_id, _ground_truth_replies(suite, item.item_id))
         if not (results[-1].terminated and score.solved and score.value == 1.0):
-            failures.add(item.item_id)
+            failures.append((item.item_id, score.details.get("error_type"), score.details.get("error")))
         assert not any(r.observation.startswith("Error:") for r in results)
-    assert failures == too_long
+    assert not failures
+    longest = max(len(r) for i in items for r in _ground_truth_replies(suite, i.item_id))
+    assert (longest > MAX_RAW_ACTION_CHARS) == (category == "long_context")
     assert not [k for k in vars(suite.bfcl.execution) if k.startswith("spadejax_bfcl_")], "instances left cached"
 
 

@@ -42,12 +42,11 @@ Where this differs from upstream's evaluation:
   these is refused whole with an error observation, nothing runs, and it counts as a step
   (upstream evaluates such text, and its decoder ``eval``s arithmetic and lambdas);
 * positional arguments are kept (upstream's decoder drops them, so ``sort('a.txt')``, which
-  the ground truth itself writes, would run as ``sort()``);
-* the engine passes the pool a reply cut to 512 characters unless it holds a
-  ``<tool_call>``/``<answer>`` block or ``\\boxed{}`` (``agent.actions.parse_action``): a
-  longer list of calls does not decode and ends the turn. A turn's calls can be spread over
-  several replies, but one call cannot: 8 long_context entries, whose ground truth posts or
-  writes a text of 1000 to 7000 characters, cannot be solved through the engine as it is.
+  the ground truth itself writes, would run as ``sort()``).
+
+As upstream, the pool gets each reply whole (``read_action``, the engine's hook), not cut to
+512 characters as sandbox environments get theirs: 8 long_context entries need a single call
+of 1000 to 7000 characters (a long post or file text).
 """
 
 from __future__ import annotations
@@ -63,7 +62,6 @@ import shutil
 import tempfile
 from types import SimpleNamespace
 
-from spade_jax.agent.actions import parse_action
 from spade_jax.evals.registry import register
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 from spade_jax.sandbox.records import StepResult
@@ -334,6 +332,11 @@ class BfclSuite:
         items = self.all_items()
         return [items[i] for i in spread([item.group for item in items], limit, seed, "bfcl")]
 
+    @staticmethod
+    def read_action(reply: str) -> str:
+        """What the pool's ``step`` gets of a reply: all of it (the engine's hook)."""
+        return reply
+
     def episode_pool(self, context: Context) -> BfclPool:
         return BfclPool(self.bfcl, self.entries)
 
@@ -348,7 +351,7 @@ class BfclSuite:
         return transcript
 
     def score(self, item: Item, trajectory, context: Context | None = None) -> Score:
-        replies = [parse_action(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
+        replies = [self.read_action(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
         transcript = self.transcript(item.program, replies)
         details = {"category": item.group, "calls": transcript.turns, "end": trajectory.end_reason}
         if transcript.finished:
@@ -400,8 +403,7 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> BfclSuite:
             truth[row["id"]] = answers[row["id"]]
     notes = ["prompting mode, default format; the BFCL prompt opens the first user message",
              "calls must use the entry's functions with literal arguments (integers within ±1e6); "
-             "others are refused with an error observation",
-             "replies are cut to 512 characters by the engine unless they hold a tool_call/answer/boxed block"]
+             "others are refused with an error observation"]
     installed = importlib.metadata.version(PACKAGE)
     if installed != VERSION:
         notes.append(f"{PACKAGE} {installed} is installed; this suite was checked against {VERSION}")
