@@ -132,7 +132,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
             for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
                 group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
-                                                  temperature=settings.temperature, top_p=settings.top_p)
+                                                  temperature=settings.temperature, top_p=settings.top_p,
+                                                  system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt))
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
                 episode_pool = suite.episode_pool(context) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,

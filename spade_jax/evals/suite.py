@@ -19,6 +19,9 @@ from typing import Any, Protocol, Sequence
 from spade_jax.agent import Trajectory
 
 
+BENCHMARK_SYSTEM_PROMPT = "You are a helpful assistant."  # under a benchmark's own instructions
+
+
 class SuiteUnavailable(RuntimeError):
     """The suite cannot run here; the message says what to install or where to put which file."""
 
@@ -100,7 +103,9 @@ class Suite(Protocol):
         (`start`, `step`, `solution`, `close`). A suite whose pool reads whole replies (a
         benchmark's own call parser) has ``read_action(reply) -> str``; without it the pool
         gets the agent's parsed action (`spade_jax.agent.actions.parse_action`: a tool call
-        or answer block, else the last ``\\boxed{}``, else the reply cut to 512 characters)."""
+        or answer block, else the last ``\\boxed{}``, else the reply cut to 512 characters).
+        A suite with ``system_prompt`` plays its episodes under it instead of the agent's
+        (whose answer formats would contradict a benchmark's own instructions)."""
 
 
 def stable_seed(*parts) -> int:

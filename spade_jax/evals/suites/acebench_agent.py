@@ -58,7 +58,8 @@ from typing import Callable, Sequence
 from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, Item, Score,
+                                   SuiteUnavailable, spread)
 from spade_jax.evals.suites import acebench
 from spade_jax.evals.suites.acebench_apis import CLASSES, Scenario
 from spade_jax.sandbox.records import StepResult
@@ -547,6 +548,7 @@ class ACEBenchAgentSuite:
     references: dict  # item id -> Reference, category by category in file order
     notes: list = dataclasses.field(default_factory=list)
     name: str = "acebench-agent"
+    system_prompt = BENCHMARK_SYSTEM_PROMPT  # upstream's agent prompt opens the first user message
 
     def all_items(self) -> list[Item]:
         return [Item(item_id, group=ref.category, program=item_id, max_turns=MAX_DIALOG_MESSAGES // 2, reference=ref)

@@ -34,7 +34,7 @@ globals), removed when the episode closes or the check returns.
 Where this differs from upstream's evaluation:
 
 * prompting mode only, with the default prompt format; the prompt is the first user message,
-  after the engine's own system prompt, not the system message;
+  under a neutral system message (``BENCHMARK_SYSTEM_PROMPT``), not the system message;
 * model text is never evaluated: a call must name a function of the entry's classes, take
   literal arguments (no names, operators, calls, ``*``/``**``), integers within ±10**6 (the
   ground truth's largest is 987654) and at most 1000 for ``logarithm``/``square_root``
@@ -63,7 +63,8 @@ import tempfile
 from types import SimpleNamespace
 
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, Item, Score,
+                                   SuiteUnavailable, spread)
 from spade_jax.sandbox.records import StepResult
 
 PACKAGE = "bfcl-eval"
@@ -319,6 +320,7 @@ class BfclSuite:
     truth: dict[str, list[list[str]]]  # entry id -> ground-truth calls per turn
     notes: list = dataclasses.field(default_factory=list)
     name: str = "bfcl"
+    system_prompt = BENCHMARK_SYSTEM_PROMPT  # upstream's prompt opens the first user message
 
     def all_items(self) -> list[Item]:
         turn_bound = self.bfcl.prompts.MAXIMUM_STEP_LIMIT + 2
