@@ -238,3 +238,31 @@ def test_read_action_hands_the_pool_whole_replies_instead_of_the_parsed_action(s
                   read_action=lambda text: text)
     assert parsed.actions == ["\\boxed{7}"]
     assert len(whole.actions[0]) > 1000 and whole.actions[0].endswith("\\boxed{7}")
+
+
+def test_the_runner_plays_a_suites_episodes_under_its_system_prompt_and_action_reader(policy, tmp_path):
+    recording = _RecordingPool()
+
+    class Suite:
+        name = "recorded"
+        settings = GenerationSettings(max_new_tokens=8)
+        system_prompt = "Benchmark rules."
+
+        def items(self, limit, seed):
+            return [Item("only", program="game", max_turns=1)]
+
+        def episode_pool(self, context):
+            return recording
+
+        @staticmethod
+        def read_action(reply):
+            return "whole:" + reply
+
+        def score(self, item, trajectory, context):
+            return Score(0.0, False, {"messages": trajectory.messages})
+
+    result = runner.run_suite(policy, None, Suite(), runner.EvalConfig(), AgentConfig(context_budget=1024), tmp_path,
+                              progress=False)
+    row = json.loads((tmp_path / "recorded.jsonl").read_text())
+    assert result.summary["items"] == 1 and row["output"][0] == {"role": "system", "content": "Benchmark rules."}
+    assert recording.actions == ["whole:" + row["output"][2]["content"]]
