@@ -69,6 +69,12 @@ def test_spread_covers_every_group_keeps_item_order_and_depends_only_on_the_seed
     assert stable_seed("x", 1, "a") == stable_seed("x", 1, "a") != stable_seed("x", 2, "a")
 
 
+def test_suite_lists_may_hold_commas_inside_an_argument():
+    cfg = runner.EvalConfig(suites="gymnax:Catch-bsuite,DeepSea-bsuite, rg-hard,bfcl:base,miss_func,envs:dir")
+    assert cfg.specs == ("gymnax:Catch-bsuite,DeepSea-bsuite", "rg-hard", "bfcl:base,miss_func", "envs:dir")
+    assert runner.EvalConfig(suites="gymnax,typo").specs == ("gymnax", "typo")  # unknown, said so when built
+
+
 def test_envs_suite_scores_a_won_episode_1_and_a_lost_one_0(heldout):
     suite = make_suite(f"envs:{heldout}", None, runner.EvalConfig(episodes_per_env=2))
     item = Item("arithmetic/seed1", "arithmetic", program="x", seed=1)

@@ -211,6 +211,8 @@ def test_a_boxed_reply_is_a_bracketed_move():
     assert textarena_action("\\boxed{[col 3]}") == "[col 3]"
     assert textarena_action("A C") == "[A C]"
     assert textarena_action("I move [A C] now") == "I move [A C] now"
+    assert textarena_action("x" * 600 + " so I move [A C]") == "x" * 600 + " so I move [A C]"
+    assert textarena_action("Thinking... \\boxed{1} no, \\boxed{2}") == "[2]"
 
 
 class _ScriptedOpponent:
@@ -314,7 +316,7 @@ def test_a_tiny_policy_plays_end_to_end(small_tokenizer, tmp_path):
     config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16)
     policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    cfg = runner.EvalConfig(suites="textarena:GuessTheNumber-v0+TicTacToe-v0", episodes_per_env=2, seed=5)
+    cfg = runner.EvalConfig(suites="textarena:GuessTheNumber-v0,TicTacToe-v0", episodes_per_env=2, seed=5)
     agent = AgentConfig(context_budget=2048)
     generation = {"textarena": GenerationSettings(temperature=1.0, max_new_tokens=8)}
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", generation, progress=False)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
-from spade_jax.evals.registry import make_suite
+from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
 from spade_jax.sandbox.admission import AdmissionConfig
@@ -59,7 +59,16 @@ class EvalConfig:
 
     @property
     def specs(self) -> tuple[str, ...]:
-        return tuple(spec.strip() for spec in self.suites.split(",") if spec.strip())
+        """The suite specs: ``suites`` split at commas, except that a piece which does not start
+        with a registered prefix continues the argument before it (``gymnax:Catch-bsuite,DeepSea-bsuite``)."""
+        known = registered()
+        specs: list[str] = []
+        for piece in (p.strip() for p in self.suites.split(",")):
+            if piece and specs and ":" in specs[-1] and piece.partition(":")[0] not in known:
+                specs[-1] += "," + piece
+            elif piece:
+                specs.append(piece)
+        return tuple(specs)
 
 
 @dataclasses.dataclass

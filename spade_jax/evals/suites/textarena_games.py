@@ -2,8 +2,8 @@
 
 TextArena (LeonGuertler/TextArena, MIT; ``textarena==0.7.4``) writes each game's prompt and
 board as text and reads moves written in square brackets (``[4]``, ``[A C]``, ``[col 3]``).
-ENV_IDS is a choice of the games below (TextArena's own ids) separated by ``,`` or ``+`` (``+``
-in ``eval.suites``, whose commas separate suites); without it, all of them. Each item is one
+ENV_IDS is a choice of the games below (TextArena's own ids) separated by ``,``; without it,
+all of them. Each item is one
 episode of a game from seed ``seed + j`` (``episodes_per_env`` of them), played through the
 agent's own multi-turn engine; TextArena's games are Python objects stepping in this process
 (`HostGamePool`), not model-written programs, so they need no sandbox. The games here need
@@ -47,21 +47,19 @@ import contextlib
 import dataclasses
 import itertools
 import random
-import re
 from typing import Callable
 
-from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
+from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.records import StepResult
 from spade_jax.seeds import derive_seed
 
 INSTALL = "pip install --no-deps textarena==0.7.4 && pip install nltk websockets"
 RANDOM, SELF_PLAY = "random", "self-play"
-_BOXED = re.compile(r"\\boxed\{(.*)\}", re.DOTALL)
 
 
 def _tic_tac_toe_moves(state) -> list[str]:
@@ -122,10 +120,11 @@ def evaluated_side(game: Game, seed: int) -> int:
 
 
 def textarena_action(reply: str) -> str:
-    """A reply as the game reads it: ``\\boxed{X}`` is ``[X]``; brackets added where it has none
-    (TextArena's ``ActionFormattingWrapper``)."""
-    boxed = _BOXED.fullmatch(reply.strip())
-    action = boxed.group(1).strip() if boxed else reply
+    """A whole reply as the game reads it: its last ``\\boxed{X}`` is ``[X]``; otherwise the reply,
+    however long (TextArena finds the bracketed move in it), with brackets added where it has
+    none (TextArena's ``ActionFormattingWrapper``)."""
+    boxed = extract_boxed(reply)
+    action = boxed.strip() if boxed is not None else reply
     return action if "[" in action or "]" in action else f"[{action}]"
 
 
@@ -223,7 +222,7 @@ class HostGamePool:
                     self._move(i, e.opponent_rng.choice(e.game.legal_moves(e.env.state)))
             for i, reply in zip(sampled, self._sample_opponents(sampled) if sampled else []):
                 if reply is not None:
-                    self._move(i, textarena_action(parse_action(reply)))
+                    self._move(i, textarena_action(reply))
 
     def _sample_opponents(self, episode_ids) -> list[str | None]:
         """The policy's replies for the opponents of ``episode_ids`` in one batch (None where an
@@ -290,11 +289,16 @@ class TextArenaSuite:
     episodes_per_env: int
     name: str = "textarena"
 
+    @staticmethod
+    def read_action(reply: str) -> str:
+        """The pool gets whole replies (`textarena_action` reads the move out of them)."""
+        return reply
+
     def items(self, limit, seed):
         items = [Item(f"{program}/seed{seed + j}", group=program, program=program, seed=seed + j,
                       max_turns=GAMES[program.partition("/")[0]].max_turns)
                  for program in programs(self.games) for j in range(self.episodes_per_env)]
-        return items[:limit] if limit else items
+        return [items[i] for i in spread([item.group for item in items], limit, seed, self.name)]
 
     def episode_pool(self, context: Context) -> HostGamePool:
         return HostGamePool(self.settings, context.policy, context.seed)
@@ -311,7 +315,7 @@ class TextArenaSuite:
 @register("textarena", GenerationSettings(temperature=0.0, max_new_tokens=256))
 def make(argument: str, settings: GenerationSettings, eval_config) -> TextArenaSuite:
     """TextArena's offline single- and two-player games as multi-turn episodes."""
-    games = tuple(name.strip() for name in re.split(r"[,+]", argument) if name.strip()) or tuple(GAMES)
+    games = tuple(name.strip() for name in argument.split(",") if name.strip()) or tuple(GAMES)
     unknown = [name for name in games if name not in GAMES]
     if unknown:
         raise SuiteUnavailable(f"unknown textarena game(s) {unknown}; choose from {list(GAMES)}")
