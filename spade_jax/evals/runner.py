@@ -170,9 +170,12 @@ class Evaluator:
         self.cfg = cfg
         self._suites: list[tuple[str, Suite | None, list[Item] | str]] = []
         for spec in cfg.specs:
+            started = time.perf_counter()
             try:
                 suite = make_suite(spec, (generation or {}).get(spec.partition(":")[0]), cfg)
-                self._suites.append((spec, suite, list(suite.items(cfg.limit or None, cfg.seed))))
+                items = list(suite.items(cfg.limit or None, cfg.seed))
+                self._suites.append((spec, suite, items))
+                print(f"eval {spec}: {len(items)} items ({time.perf_counter() - started:.1f} s to list)", flush=True)
             except SuiteUnavailable as err:
                 print(f"eval {spec}: skipped: {err}", flush=True)
                 self._suites.append((spec, None, str(err)))
