@@ -88,7 +88,7 @@ def test_a_tiny_policy_plays_every_game_end_to_end(small_tokenizer, tmp_path):
     cfg = runner.EvalConfig(suites="gymnax", episodes_per_env=2, seed=5)
     agent = AgentConfig(max_new_tokens=8, context_budget=1024)
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", progress=False)
-    again = runner.run_suites(policy, None, cfg, agent, tmp_path / "b", progress=False)
+    runner.run_suites(policy, None, cfg, agent, tmp_path / "b", progress=False)
     summary = first[0].summary
     assert summary["items"] == 2 * len(GAMES) and set(summary["groups"]) == set(GAMES)
     assert 0.0 <= summary["score"] <= 1.0

@@ -18,7 +18,7 @@ from spade_jax.envs.contract import is_success
 from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, SuiteUnavailable
-from spade_jax.evals.suites.textarena_games import (GAMES, RANDOM, SELF_PLAY, HostGamePool, TextArenaSuite,
+from spade_jax.evals.suites.textarena_games import (GAMES, RANDOM, SELF_PLAY, ArenaPool, TextArenaSuite,
                                                     evaluated_side, textarena_action)
 from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.sandbox.records import EpisodeSpec
@@ -153,7 +153,7 @@ def _trajectory(program, seed, result, turns):
 
 def _play(program, seed, player, pool=None):
     game = program.partition("/")[0]
-    pool = pool or HostGamePool(GenerationSettings())
+    pool = pool or ArenaPool(GenerationSettings())
     (result,) = pool.start([EpisodeSpec(program=program, seed=seed)])
     e = pool._episodes[result.episode_id]
     e.bounds, e.last = (1, 20), None
@@ -193,7 +193,7 @@ def test_a_scripted_solver_scores_1_and_an_invalid_player_0(program, seed):
 
 def test_a_two_player_draw_scores_half():
     """Perfect play on both sides of tic-tac-toe is a draw."""
-    pool = HostGamePool(GenerationSettings())
+    pool = ArenaPool(GenerationSettings())
     (start,) = pool.start([EpisodeSpec(program="TicTacToe-v0/random", seed=0)])
     e = pool._episodes[start.episode_id]
     e.opponent_rng = SimpleNamespace(choice=lambda moves: _tic_tac_toe(e.env, 1 - e.side))
@@ -232,7 +232,7 @@ def _self_play_pool(reply, max_position_embeddings=4096):
     config = SimpleNamespace(max_position_embeddings=max_position_embeddings)
     policy = SimpleNamespace(tokenizer=tokenizer, config=config)
     opponent = _ScriptedOpponent(reply)
-    opponent.pool = HostGamePool(GenerationSettings(max_new_tokens=16), policy, seed=7, complete=opponent)
+    opponent.pool = ArenaPool(GenerationSettings(max_new_tokens=16), policy, seed=7, complete=opponent)
     return opponent.pool, opponent
 
 
@@ -271,7 +271,7 @@ def test_an_episode_keeps_its_own_random_draws():
     """Kuhn poker deals every round from the global ``random``: an episode deals alike whatever that
     generator's state and whichever episodes run beside it, and leaves the generator as it was."""
     def observations(seeds):
-        pool = HostGamePool(GenerationSettings())
+        pool = ArenaPool(GenerationSettings())
         results = pool.start([EpisodeSpec(program="KuhnPoker-v0/random", seed=s) for s in seeds])
         seen = [[r.observation] for r in results]
         for _ in range(4):
@@ -320,7 +320,7 @@ def test_a_tiny_policy_plays_end_to_end(small_tokenizer, tmp_path):
     agent = AgentConfig(context_budget=2048)
     generation = {"textarena": GenerationSettings(temperature=1.0, max_new_tokens=8)}
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", generation, progress=False)
-    again = runner.run_suites(policy, None, cfg, agent, tmp_path / "b", generation, progress=False)
+    runner.run_suites(policy, None, cfg, agent, tmp_path / "b", generation, progress=False)
     summary = first[0].summary
     assert summary["items"] == 6
     assert set(summary["groups"]) == {"GuessTheNumber-v0", "TicTacToe-v0/random", "TicTacToe-v0/self-play"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import random
 from typing import Any, Protocol, Sequence
 
@@ -83,6 +84,32 @@ class Context:
     pool: Any = None
     policy: Any = None
     seed: int = 0
+
+
+class InProcessPool:
+    """The sandbox pool's episode calls for episodes that step in this process (a benchmark's
+    own code, not model-written, so no sandbox): episode ids, `solution` (none: evaluation gives
+    no hints) and `close`. Subclasses write `start` and `step`, keeping their episodes in
+    ``_episodes`` under ids from ``_new_id``, and free what an episode holds in `_release`."""
+
+    def __init__(self):
+        self._episodes: dict[int, Any] = {}
+        self._ids = itertools.count()
+
+    def _new_id(self) -> int:
+        return next(self._ids)
+
+    def solution(self, episode_ids):
+        return [None for _ in episode_ids]
+
+    def close(self, episode_ids):
+        for episode_id in episode_ids:
+            episode = self._episodes.pop(episode_id, None)
+            if episode is not None:
+                self._release(episode)
+
+    def _release(self, episode) -> None:
+        """Frees what ``episode`` holds outside this pool (nothing by default)."""
 
 
 class Suite(Protocol):

@@ -84,7 +84,7 @@ CATEGORIES = NORMAL_CATEGORIES + SPECIAL_CATEGORIES
 AGENT_CATEGORIES = ("agent_multi_turn", "agent_multi_step")
 
 WHERE = ("ACEBench data not found: clone https://github.com/chenchen0103/ACEBench (MIT) and give its "
-         "data_all/data_en folder as --suites=acebench:DIR or --config.eval.acebench_dir=DIR")
+         "data_all/data_en folder as --suites={prefix}:DIR or --config.eval.acebench_dir=DIR")
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: upstream's model_inference/prompt_en.py, verbatim.
@@ -713,6 +713,18 @@ def _score(details: dict, verdict: dict) -> Score:
     return Score(1.0 if valid else 0.0, valid, details)
 
 
+def data_dir(argument: str, eval_config, prefix: str = "acebench") -> Path:
+    """The data folder a spec's argument, else ``eval_config.acebench_dir``, points to (`find_data`);
+    SuiteUnavailable saying where to get it when there is none."""
+    given = argument or getattr(eval_config, "acebench_dir", "") or ""
+    if not given:
+        raise SuiteUnavailable(WHERE.format(prefix=prefix))
+    directory = find_data(Path(given).expanduser())
+    if directory is None:
+        raise SuiteUnavailable(f"{given}: {WHERE.format(prefix=prefix)}")
+    return directory
+
+
 def find_data(directory: Path) -> Path | None:
     """The folder holding ``data_<category>.json`` (of any category, the agent ones included) and
     ``possible_answer/``: DIR itself, or DIR's ``data_en`` or ``data_all/data_en`` (a clone of
@@ -762,13 +774,9 @@ def load(directory: Path) -> tuple[dict, list[str]]:
           summary="ACEBench normal and special categories (tool calls in one reply), scored as upstream does")
 def make(argument: str, settings: GenerationSettings, eval_config) -> ACEBenchSuite:
     """ACEBench normal and special categories (tool calls in one reply), scored as upstream does."""
-    given = argument or getattr(eval_config, "acebench_dir", "") or ""
-    if not given:
-        raise SuiteUnavailable(WHERE)
-    directory = find_data(Path(given).expanduser())
-    if directory is None:
-        raise SuiteUnavailable(f"{given}: {WHERE}")
+    directory = data_dir(argument, eval_config)
     rows, notes = load(directory)
     if not rows:
-        raise SuiteUnavailable(f"{given}: no normal or special category with its possible answers; {WHERE}")
+        raise SuiteUnavailable(f"{directory}: no normal or special category with its possible answers; "
+                               f"{WHERE.format(prefix='acebench')}")
     return ACEBenchSuite(directory, settings, rows, notes)

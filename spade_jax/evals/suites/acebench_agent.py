@@ -58,16 +58,14 @@ from typing import Callable, Sequence
 from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, Item, Score,
-                                   SuiteUnavailable, spread)
+from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, InProcessPool, Item,
+                                   Score, SuiteUnavailable, spread)
 from spade_jax.evals.suites import acebench
 from spade_jax.evals.suites.acebench_apis import CLASSES, Scenario
 from spade_jax.sandbox.records import StepResult
 from spade_jax.seeds import derive_seed
 
 CATEGORIES = ("agent_multi_step", "agent_multi_turn")
-WHERE = ("ACEBench data not found: clone https://github.com/chenchen0103/ACEBench (MIT) and give its "
-         "data_all/data_en folder as --suites=acebench-agent:DIR or --config.eval.acebench_dir=DIR")
 MAX_DIALOG_MESSAGES = 40  # upstream's max_dialog_turns: agent, execution and user messages together
 FINISH = "finish conversation"
 NUDGE = "Please do not ask me any questions, use the known conditions to solve the problem"
@@ -465,20 +463,19 @@ class _Episode:
     turn: int = 0
 
 
-class AgentPool:
+class AgentPool(InProcessPool):
     """Plays items (``spec.program`` is the item id) on simulated APIs in this process; ``user``
     answers the multi_turn replies that are not calls (None: multi_turn episodes fail to start)."""
 
     def __init__(self, references: dict[str, Reference], user: SimulatedUser | None):
         self.references, self.user = references, user
-        self._episodes: dict[int, _Episode] = {}
-        self._next_id = 0
+        super().__init__()
 
     def start(self, specs) -> list[StepResult]:
         results: list[StepResult | None] = []
         openings = []  # (index in results, episode id) of multi_turn episodes: the user speaks first
         for spec in specs:
-            episode_id, self._next_id = self._next_id, self._next_id + 1
+            episode_id = self._new_id()
             ref = self.references.get(spec.program)
             if ref is None:
                 results.append(StepResult(episode_id, truncated=True, failed_call="load",
@@ -529,12 +526,6 @@ class AgentPool:
                               terminated=True, turn=episode.turn)
         return StepResult(episode_id, observation=turn.observation, truncated=turn.kind == "limit", turn=episode.turn)
 
-    def solution(self, episode_ids):
-        return [None for _ in episode_ids]
-
-    def close(self, episode_ids):
-        for episode_id in episode_ids:
-            self._episodes.pop(episode_id, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -623,13 +614,9 @@ def _read_jsonl(path: Path) -> list[dict]:
                   "scored by end state and milestones as upstream does")
 def make(argument: str, settings: GenerationSettings, eval_config) -> ACEBenchAgentSuite:
     """ACEBench agent categories (multi_step, multi_turn) as episodes on simulated APIs."""
-    given = argument or getattr(eval_config, "acebench_dir", "") or ""
-    if not given:
-        raise SuiteUnavailable(WHERE)
-    directory = acebench.find_data(Path(given).expanduser())
-    if directory is None:
-        raise SuiteUnavailable(f"{given}: {WHERE}")
+    directory = acebench.data_dir(argument, eval_config, "acebench-agent")
     references, notes = load(directory)
     if not references:
-        raise SuiteUnavailable(f"{given}: no agent category with its possible answers; {WHERE}")
+        raise SuiteUnavailable(f"{directory}: no agent category with its possible answers; "
+                               f"{acebench.WHERE.format(prefix='acebench-agent')}")
     return ACEBenchAgentSuite(directory, settings, references, notes)

@@ -63,8 +63,8 @@ import tempfile
 from types import SimpleNamespace
 
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, Item, Score,
-                                   SuiteUnavailable, spread)
+from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, InProcessPool, Item,
+                                   Score, SuiteUnavailable, spread)
 from spade_jax.sandbox.records import StepResult
 
 PACKAGE = "bfcl-eval"
@@ -239,19 +239,18 @@ class _Episode:
     transcript: Transcript
 
 
-class BfclPool:
+class BfclPool(InProcessPool):
     """The sandbox pool's episode calls for BFCL entries, stepping the package's backends here."""
 
     def __init__(self, bfcl: SimpleNamespace, entries: dict[str, dict]):
         self._bfcl = bfcl
         self._entries = entries
-        self._episodes: dict[int, _Episode] = {}
-        self._ids = itertools.count()
+        super().__init__()
 
     def start(self, specs):
         results = []
         for spec in specs:
-            episode_id = next(self._ids)
+            episode_id = self._new_id()
             entry = self._entries.get(spec.program)
             if entry is None:
                 results.append(StepResult(episode_id, truncated=True, failed_call="load",
@@ -287,14 +286,8 @@ class BfclPool:
                                       turn=sum(map(len, transcript.turns))))
         return results
 
-    def solution(self, episode_ids):
-        return [None for _ in episode_ids]
-
-    def close(self, episode_ids):
-        for episode_id in episode_ids:
-            episode = self._episodes.pop(episode_id, None)
-            if episode is not None:
-                _forget(self._bfcl, episode.namespace)
+    def _release(self, episode: _Episode) -> None:
+        _forget(self._bfcl, episode.namespace)
 
     def _execute(self, episode: _Episode, calls: list[str]) -> list[str]:
         entry = episode.entry

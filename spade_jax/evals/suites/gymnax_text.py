@@ -21,12 +21,11 @@ pulls to explore, then exploitation. A lost bandit episode reports reward 0.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Callable
 
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suite import Context, GenerationSettings, InProcessPool, Item, Score, SuiteUnavailable, spread
 from spade_jax.sandbox.records import StepResult
 
 
@@ -125,12 +124,8 @@ class _Episode:
     pulls: tuple[list[float], ...] = dataclasses.field(default_factory=lambda: ([], []))
 
 
-class HostGamePool:
+class HostGamePool(InProcessPool):
     """The sandbox pool's episode calls for gymnax games stepping in this process."""
-
-    def __init__(self):
-        self._episodes: dict[int, _Episode] = {}
-        self._ids = itertools.count()
 
     def start(self, specs):
         import gymnax
@@ -138,7 +133,7 @@ class HostGamePool:
 
         results = []
         for spec in specs:
-            episode_id = next(self._ids)
+            episode_id = self._new_id()
             game = GAMES[spec.program]
             env, params = gymnax.make(game.env_id)
             key, reset_key = jax.random.split(jax.random.PRNGKey(spec.seed or 0))
@@ -173,13 +168,6 @@ class HostGamePool:
             else:
                 results.append(StepResult(episode_id, observation=self._observation(e), turn=e.turn))
         return results
-
-    def solution(self, episode_ids):
-        return [None for _ in episode_ids]
-
-    def close(self, episode_ids):
-        for episode_id in episode_ids:
-            self._episodes.pop(episode_id, None)
 
     @staticmethod
     def _observation(e: _Episode) -> str:

@@ -6,7 +6,7 @@ ENV_IDS is a choice of the games below (TextArena's own ids) separated by ``,``;
 all of them. Each item is one
 episode of a game from seed ``seed + j`` (``episodes_per_env`` of them), played through the
 agent's own multi-turn engine; TextArena's games are Python objects stepping in this process
-(`HostGamePool`), not model-written programs, so they need no sandbox. The games here need
+(`ArenaPool`), not model-written programs, so they need no sandbox. The games here need
 nothing downloaded (TextArena's word games need NLTK corpora).
 
 * single-player: GuessTheNumber-v0, Mastermind-v0, Minesweeper-v0-small, TowerOfHanoi-v0,
@@ -53,7 +53,7 @@ from spade_jax.agent.conversation import prompt_text
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.evals.registry import register
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
+from spade_jax.evals.suite import Context, GenerationSettings, InProcessPool, Item, Score, SuiteUnavailable, spread
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.records import StepResult
 from spade_jax.seeds import derive_seed
@@ -149,7 +149,7 @@ class _Episode:
     final: StepResult | None = None
 
 
-class HostGamePool:
+class ArenaPool(InProcessPool):
     """The sandbox pool's episode calls for TextArena games stepping in this process.
 
     ``policy`` plays the opponent in self-play (through ``complete``, `complete_chats` unless a
@@ -160,8 +160,7 @@ class HostGamePool:
         self.policy = policy
         self.seed = seed
         self.complete = complete
-        self._episodes: dict[int, _Episode] = {}
-        self._ids = itertools.count()
+        super().__init__()
         self._samples = itertools.count()
 
     def start(self, specs) -> list[StepResult]:
@@ -177,7 +176,7 @@ class HostGamePool:
                                random.Random(derive_seed(seed, env_id, "opponent")))
             with self._own_random(episode):
                 env.reset(num_players=game.players, seed=seed)
-            episode_id = next(self._ids)
+            episode_id = self._new_id()
             self._episodes[episode_id] = episode
             ids.append(episode_id)
         self._play_opponents(ids)
@@ -191,13 +190,6 @@ class HostGamePool:
                 self._move(episode_id, textarena_action(action))
         self._play_opponents(episode_ids)
         return [self._result(episode_id) for episode_id in episode_ids]
-
-    def solution(self, episode_ids):
-        return [None for _ in episode_ids]
-
-    def close(self, episode_ids):
-        for episode_id in episode_ids:
-            self._episodes.pop(episode_id, None)
 
     def _move(self, episode_id: int, action: str) -> None:
         e = self._episodes[episode_id]
@@ -300,8 +292,8 @@ class TextArenaSuite:
                  for program in programs(self.games) for j in range(self.episodes_per_env)]
         return [items[i] for i in spread([item.group for item in items], limit, seed, self.name)]
 
-    def episode_pool(self, context: Context) -> HostGamePool:
-        return HostGamePool(self.settings, context.policy, context.seed)
+    def episode_pool(self, context: Context) -> ArenaPool:
+        return ArenaPool(self.settings, context.policy, context.seed)
 
     def score(self, item: Item, trajectory, context: Context) -> Score:
         game = GAMES[item.program.partition("/")[0]]
