@@ -162,3 +162,15 @@ def test_repeated_updates_of_one_shape_compile_once(devices):
     for _ in range(3):
         trainer.update(batch)
     assert trainer._update._cache_size() == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_kl_to_the_initial_policy_runs_and_is_zero_only_before_the_first_step(shape):
+    mesh = make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+    policy = random_policy(CFG, seed=1, mesh=mesh)
+    start = policy.logits(pack(_sequences(), 32, 4).tokens_RT[:2])
+    trainer = Trainer(policy, OptimConfig(lr=1e-2), LossConfig(kl_coef=0.5, micro_batch_rows=2))
+    batch = pack(_sequences(), row_length=32, row_multiple=4)
+    kls = [trainer.update(batch)["ref_kl"] for _ in range(3)]
+    assert kls[0] == 0.0 and kls[1] > 1e-3 and kls[2] > 1e-3  # the reference stays the initial policy
+    assert np.abs(policy.logits(batch.tokens_RT[:2]) - start).max() > 1e-3

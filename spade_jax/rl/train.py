@@ -58,7 +58,7 @@ class LossConfig:
     eps_low: float = 0.2
     eps_high: float = 0.28
     tis_cap: float = 2.0
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # k3 KL to the policy the Trainer was built with (a separate copy of its weights)
     micro_batch_rows: int = 0  # rows per micro-batch; 0 = the whole batch at once
     remat: str = "dots"  # per-layer rematerialisation, a key of models.transformer.REMAT_POLICIES
     logits_chunk: int = 128  # positions per chunk of the LM head + log-softmax; 0 = all at once
@@ -114,7 +114,9 @@ class Trainer:
         )
         opt_shardings = jax.tree.map(lambda a: a.sharding, self.opt_state)
         self.step = 0
-        self.ref_params = pure if loss.kl_coef > 0 else None
+        # The KL reference is a copy: the update donates the live parameters' buffers.
+        self.ref_params = (jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=self._param_shardings)(pure)
+                           if loss.kl_coef > 0 else None)
         self._update = jax.jit(
             self._update_fn,
             donate_argnums=(0, 1),
