@@ -15,6 +15,13 @@ def test_designer_advantages_centre_per_skill_without_std():
         A.designer_advantages([1.0, 2.0], ["a"])
 
 
+def test_a_designer_sample_alone_in_its_skill_is_centred_on_the_batch_mean():
+    # a: mean 2; b and c alone: the batch mean is 6.5 / 4 = 1.625
+    np.testing.assert_allclose(A.designer_advantages([1.0, 3.0, 0.5, 2.0], ["a", "a", "b", "c"]),
+                               [-1.0, 1.0, 0.5 - 1.625, 2.0 - 1.625])
+    np.testing.assert_array_equal(A.designer_advantages([0.7], ["a"]), [0.0])
+
+
 def test_zscore_by_hand_and_all_equal():
     np.testing.assert_array_equal(A.zscore([1.0, 0.0, 0.0, 1.0], eps=0.0), [1.0, -1.0, -1.0, 1.0])
     np.testing.assert_allclose(A.zscore([1.0, 0.0, 0.0, 1.0], eps=0.5), [0.5, -0.5, -0.5, 0.5])

@@ -61,8 +61,8 @@ def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     # blend: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(win rate 0) = 0.4; no environment: -1
     np.testing.assert_allclose(scores.rewards, [0.4, -1.0, -1.0])
     assert scores.by_env_id == {"a": pytest.approx(0.4), "gone": -1.0}
-    # centred within each skill: (0.4, -1) -> (0.7, -0.7); a skill of one -> 0
-    np.testing.assert_allclose([s.advantage for s in scores.sequences], [0.7, -0.7, 0.0], atol=1e-12)
+    # centred within each skill: (0.4, -1) -> (0.7, -0.7); a skill of one on the batch mean -1.6 / 3
+    np.testing.assert_allclose([s.advantage for s in scores.sequences], [0.7, -0.7, -1.0 + 1.6 / 3], atol=1e-12)
     tokens, mask = scores.sequences[0].tokens, scores.sequences[0].loss_mask
     assert tokens.tolist() == [1, 2, 3, 4] and mask.tolist() == [False, False, True, True]
     assert all(s.weight == 0.5 and s.role == "designer" for s in scores.sequences)

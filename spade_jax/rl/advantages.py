@@ -2,7 +2,8 @@
 
 Designer: its rewards centred per skill (`designer_advantages`): each program's reward
 minus the mean reward of the designer samples of the same skill in this batch, not
-divided by the std (the reference's "centred, not normalised").
+divided by the std (the reference's "centred, not normalised"); a sample alone in its skill
+is centred on the batch mean instead (its own mean would make it exactly 0).
 
 Agent: per-environment z-score of the plain episodes' rewards (`agent_advantages`).
 Hinted episodes are not trained on by default; with ``train_hinted`` they get
@@ -41,9 +42,16 @@ def designer_advantages(rewards, skills: Sequence[str]) -> np.ndarray:
     """Designer rewards centred per skill (subtract the skill group's mean, no std division).
 
     Every designer sample of the batch counts in its skill's mean, admission failures
-    included, since they are samples of the same prompt distribution.
+    included, since they are samples of the same prompt distribution. A sample that is the
+    only one of its skill (8 slots over 6 skills leave some) is centred on the mean of the
+    whole batch, so it still gets a gradient; a batch of one sample gets 0.
     """
-    return center_by_group(rewards, skills)
+    v = np.asarray(rewards, dtype=np.float64)
+    advantages = center_by_group(v, skills)
+    ids, _ = _group_index(skills)
+    alone = np.bincount(ids)[ids] == 1
+    advantages[alone] = v[alone] - v.mean()
+    return advantages
 
 
 def zscore(values, eps: float = 1e-6) -> np.ndarray:
