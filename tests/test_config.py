@@ -42,6 +42,7 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.designer, "skills", ("juggling",)), "designer.skills"),
         (lambda c: setattr(c.agent, "context_budget", 16), "agent.context_budget"),
         (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
+        (lambda c: setattr(c.designer, "reward_delay", 0), "designer.reward_delay"),
         (lambda c: setattr(c.designer.prompt, "doc_max_words", 0), "doc_max_words"),
         (lambda c: setattr(c.hints, "mode", "psychic"), "hints"),
         (lambda c: setattr(c.bootstrap, "rows", 6), "bootstrap"),
@@ -87,7 +88,7 @@ def test_each_stage_dataclass_is_its_config_section():
     from spade_jax.selfplay import config as config_lib
 
     c = config_lib.base_config()
-    excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}}
+    excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}, "eval": {"admission"}}
     for field, build in config_lib._STAGES:
         built = build(c)
         if not dataclasses.is_dataclass(built):  # the memory (a class) and the per-suite settings (a dict)
@@ -126,3 +127,15 @@ def test_a_preset_cannot_set_a_field_that_does_not_exist():
     with pytest.raises(AttributeError):
         c.corpus.max_words = 300  # the document size is designer.prompt.doc_max_words
     c.designer.prompt.doc_max_words = 300
+
+
+@pytest.mark.parametrize("period, delay, ok", [(4, 4, True), (4, 1, True), (1, 1, True), (1, 2, False), (4, 5, False)])
+def test_reward_delay_counts_iterations_of_play_as_the_reference_does(period, delay, ok):
+    config = _preset("tiny")
+    config.designer.regeneration_period, config.designer.reward_delay = period, delay
+    config.rl.micro_batch_rows = 4
+    if ok:
+        validate(config, num_devices=2)
+    else:
+        with pytest.raises(ValueError, match=r"designer\.reward_delay"):
+            validate(config, num_devices=2)

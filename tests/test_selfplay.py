@@ -314,3 +314,27 @@ def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_pa
         assert any("protocol error" in r for r in reasons), reasons
     assert metrics["train/tokens"] > 0
     assert (tmp_path / "checkpoints" / "1").exists()
+
+
+def test_a_delayed_designer_reward_scores_the_designs_on_every_iteration_of_their_pool(tmp_path, small_tokenizer,
+                                                                                      monkeypatch):
+    from spade_jax.envs import library
+
+    c = tiny_selfplay_config()
+    c.num_iterations = 2
+    c.designer.regeneration_period, c.designer.reward_delay = 2, 2
+    c.agent.replay_envs = 0
+    monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        first, second = run.run()
+    finally:
+        run.close()
+    assert "designer/reward_mean" not in first and first["train/designer_tokens"] == 0  # not due yet
+    assert first["agent/episodes"] == second["agent/episodes"] == 2 * 2 * 2  # the same pool, played again
+    assert second["designer/reward_mean"] > -1.0 and second["train/designer_tokens"] > 0  # scored, not penalised
+    scored = {e.env_id: e.designer_reward for e in run_log(tmp_path) if e.designer_reward is not None}
+    assert scored == {"it0000-slot00": pytest.approx(second["designer/reward_mean"]),
+                      "it0000-slot01": pytest.approx(second["designer/reward_mean"])}

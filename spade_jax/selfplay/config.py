@@ -124,7 +124,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.designer = section(
         DesignerConfig,
         regeneration_period=1,  # design new environments every N iterations; play the pool between
-        reward_delay=0,  # iterations of play whose episodes count towards the designer's reward
+        # Iterations of play (the design's own included) whose episodes count towards the designer's
+        # reward, 1..regeneration_period; the reference regenerates every 4 and delays by 4.
+        reward_delay=1,
         self_review=False,
         review=ReviewConfig(),
         reward=DesignerRewardConfig(),
@@ -272,13 +274,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     for field in ("num_slots", "skills_per_regeneration", "max_new_tokens", "regeneration_period"):
         if c.designer[field] < 1:
             _fail(f"designer.{field}", f"must be >= 1, got {c.designer[field]}")
-    if c.designer.reward_delay < 0:
-        _fail("designer.reward_delay", f"must be >= 0, got {c.designer.reward_delay}")
-    if c.designer.reward_delay >= c.designer.regeneration_period and c.designer.regeneration_period > 1:
+    if not 1 <= c.designer.reward_delay <= c.designer.regeneration_period:
         _fail(
             "designer.reward_delay",
-            f"must be < designer.regeneration_period ({c.designer.regeneration_period}): "
-            "an environment only stays in the pool for one period",
+            f"must lie in 1..designer.regeneration_period ({c.designer.regeneration_period}), got "
+            f"{c.designer.reward_delay}: a design is scored on the plays of the pool it made, which "
+            "leaves the pool after one period",
         )
     if c.agent.episodes_per_env < 1:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")

@@ -277,7 +277,7 @@ class SelfPlay:
             self.state.pending.append(
                 PendingDesign(
                     design_iteration=it,
-                    due_iteration=it + cfg.designer.reward_delay,
+                    due_iteration=it + cfg.designer.reward_delay - 1,
                     slot=d.slot,
                     skill=d.skill,
                     difficulty=d.difficulty,
