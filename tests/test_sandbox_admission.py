@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -70,11 +71,26 @@ def test_each_stage_stops_with_its_reason(pool):
 
 def test_novelty_rejects_near_duplicates_of_the_archive(pool):
     copy = GAME.replace("total", "running").replace("SumTargetEnv", "AddUpEnv").replace("(4, 3 *", "(5, 3 *")
-    rejected = admit(copy, AdmissionConfig(num_seeds=1, determinism_seeds=1), archive=[TOOL, GAME], pool=pool)
+    one = AdmissionConfig(num_seeds=1, determinism_seeds=1)
+    rejected = admit(copy, dataclasses.replace(one, novelty="structure"), archive=[TOOL, GAME], pool=pool)
     assert (rejected.admitted, rejected.stage) == (False, "novelty")
     assert "near-duplicate of archive program #1 (similarity 1.00" in rejected.reason
-    accepted = admit(copy, AdmissionConfig(num_seeds=1, determinism_seeds=1), archive=[TOOL], pool=pool)
+    rejected = admit(copy, one, archive=[TOOL, GAME], pool=pool)  # one changed number is still the same game
+    assert (rejected.admitted, rejected.stage) == (False, "novelty") and "(similarity 0.94" in rejected.reason
+    accepted = admit(copy, one, archive=[TOOL], pool=pool)
     assert accepted.admitted and accepted.details["max_similarity"] < 0.85
+
+
+@pytest.mark.parametrize("novelty, admitted", [("structure", False), ("constants", True), ("off", True)])
+def test_novelty_modes_tell_a_known_game_with_new_settings_from_a_copy(pool, novelty, admitted):
+    retuned = (GAME.replace("max_turns=8", "max_turns=10").replace("randint(4, 3 *", "randint(5, 2 *")
+               .replace("-0.5", "-0.25"))
+    config = AdmissionConfig(num_seeds=1, determinism_seeds=1, novelty=novelty)
+    reports = admit_batch([retuned, GAME.replace("total", "sum_so_far")], config, archive=[GAME], pool=pool)
+    assert reports[0].admitted == admitted, reports[0].reason
+    assert reports[1].admitted == (novelty == "off"), reports[1].reason  # a renamed copy is new only without the stage
+    with pytest.raises(ValueError, match="novelty"):
+        AdmissionConfig(novelty="semantic")
 
 
 def test_admit_without_a_pool_uses_a_temporary_one():

@@ -15,7 +15,10 @@ Seven named stages, stopping at the first failure, each failure with a reason:
                 ``random_plays`` random multi-step plays win;
 6. feasibility  replaying ``solution()`` (one action per line) from a fresh reset reaches
                 SUCCESS_REWARD, for every contract seed;
-7. novelty      not a near-duplicate (``similarity.py``) of a program in the archive.
+7. novelty      not a near-duplicate (``similarity.py``) of a program in the archive: by
+                shape with its numbers (``novelty="constants"``, the default: a known game
+                with several new settings is new, one changed number is not), by shape alone (``"structure"``), or
+                not checked (``"off"``; the reference has no such stage).
 
 What is random, and why: the designer is rewarded for what happens in training, so any
 way for a program to tell admission probes from real play is a hole it will learn. So the
@@ -62,10 +65,11 @@ from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult
 from spade_jax.sandbox.similarity import SHINGLE_TOKENS, code_similarity, fingerprint, jaccard
 
 STAGES = ("parse", "load", "contract", "determinism", "not_trivial", "feasibility", "novelty")
+NOVELTY_MODES = ("constants", "structure", "off")
 NOOP_ACTIONS = ("", "\\boxed{}", "pass", "<answer></answer>", "<tool_call></tool_call>")
 _CHUNK = 256  # episodes admission keeps live at once
 
-__all__ = ["AdmissionConfig", "AdmissionReport", "NOOP_ACTIONS", "STAGES", "admit", "admit_batch",
+__all__ = ["AdmissionConfig", "AdmissionReport", "NOOP_ACTIONS", "NOVELTY_MODES", "STAGES", "admit", "admit_batch",
            "code_similarity", "random_actions"]
 
 
@@ -86,6 +90,7 @@ class AdmissionConfig:
       contract stage requires episodes to end within it (when None: within the env's
       ``self.max_turns``, or 100 steps if the env keeps no such attribute).
     reward_range: allowed raw rewards (the sandbox clips to [-1, 1] anyway).
+    novelty: how the novelty stage compares programs, one of NOVELTY_MODES (see stage 7).
     novelty_threshold: similarity at or above which a program duplicates an archive entry
       or, with ``batch_novelty``, a program admitted earlier in the same batch.
     sandbox: the pool config used when admit/admit_batch create their own pool.
@@ -99,6 +104,7 @@ class AdmissionConfig:
     time_budget_s: float = 30.0
     max_turns: int | None = None
     reward_range: tuple[float, float] = (-1.0, 1.0)
+    novelty: str = "constants"
     novelty_threshold: float = 0.85
     batch_novelty: bool = True
     shingle_tokens: int = SHINGLE_TOKENS
@@ -122,6 +128,8 @@ class AdmissionConfig:
         low, high = self.reward_range
         if not low <= SUCCESS_REWARD <= high:
             raise ValueError(f"AdmissionConfig.reward_range {self.reward_range} must contain SUCCESS_REWARD")
+        if self.novelty not in NOVELTY_MODES:
+            raise ValueError(f"AdmissionConfig.novelty {self.novelty!r} is unknown; choose one of {NOVELTY_MODES}")
         if not 0.0 < self.novelty_threshold <= 1.0:
             raise ValueError(f"AdmissionConfig.novelty_threshold must be in (0, 1], got {self.novelty_threshold}")
 
@@ -344,7 +352,7 @@ class _Admission:
     def __init__(self, pool: SandboxPool, config: AdmissionConfig, archive: Sequence[str], seed: int):
         self.pool = pool
         self.cfg = config
-        self.archive = [fingerprint(src, config.shingle_tokens) for src in archive]
+        self.archive = [self._fingerprint(src) for src in archive] if config.novelty != "off" else []
         self.seed = seed
 
     def run(self, texts: list[str]) -> list[AdmissionReport]:
@@ -535,13 +543,18 @@ class _Admission:
                 c.report.details.setdefault("solution_steps", []).append(len(trace.steps))
         return [failures.get(id(c)) for c in cands]
 
+    def _fingerprint(self, code: str) -> frozenset:
+        return fingerprint(code, self.cfg.shingle_tokens, keep_constants=self.cfg.novelty == "constants")
+
     def _novelty(self, cands):
         """Similarity to the archive, then (``batch_novelty``) to the programs of this batch that
         passed before it: the batch's candidates reach this last stage in input order."""
+        if self.cfg.novelty == "off":
+            return [None for _ in cands]
         failures = []
         admitted: list[tuple[int, frozenset]] = []
         for c in cands:
-            mine = fingerprint(c.code, self.cfg.shingle_tokens)
+            mine = self._fingerprint(c.code)
             scores = [jaccard(mine, other) for other in self.archive]
             best = max(range(len(scores)), key=scores.__getitem__, default=None)
             if best is not None:

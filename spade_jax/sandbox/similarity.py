@@ -3,10 +3,12 @@
 Programs are tokenised with comments, docstrings and layout dropped; every string literal
 becomes ``S``, every number ``N`` and every identifier that is not a keyword or builtin
 ``I``. What is left is the program's shape, so renaming variables, rewording text or
-changing constants does not make a copy look new. Similarity is the Jaccard index of the
-sets of k-token shingles. On the seed library (distinct games written in one style) the
-highest pairwise similarity is about 0.47 at k=8, while renamed or re-parameterised copies
-score 1.0; the admission default threshold is 0.85.
+changing constants does not make a copy look new. With ``keep_constants`` numbers stay as
+written, so a known game with new settings (other sizes, bounds, payoffs) is a different
+program while a renamed or reworded copy is still the same. Similarity is the Jaccard index of the sets of k-token shingles. On the
+seed library (distinct games written in one style) the highest pairwise similarity is
+about 0.47 at k=8, while renamed or re-parameterised copies score 1.0 by shape; the
+admission default threshold is 0.85.
 
 Used by the novelty stage of admission and by the environment memory. Pure, stdlib only.
 """
@@ -33,13 +35,14 @@ def _name(word: str) -> str:
     return word if keyword.iskeyword(word) or word in _BUILTINS else "I"
 
 
-def normalized_tokens(code: str) -> list[str]:
-    """The program's token stream with literals, identifiers and layout normalised (see module doc)."""
+def normalized_tokens(code: str, keep_constants: bool = False) -> list[str]:
+    """The program's token stream with identifiers, strings and layout normalised, and numbers
+    too unless ``keep_constants`` (see module doc)."""
     try:
         raw = list(tokenize.generate_tokens(io.StringIO(code).readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return [("N" if w[0].isdigit() else _name(w)) if w[0].isalnum() or w[0] == "_" else w
-                for w in _FALLBACK.findall(code)]
+        return [(w if keep_constants else "N") if w[0].isdigit() else _name(w) if w[0].isalnum() or w[0] == "_"
+                else w for w in _FALLBACK.findall(code)]
     out: list[str] = []
     previous = tokenize.NEWLINE
     fstring_depth = 0
@@ -64,7 +67,7 @@ def normalized_tokens(code: str) -> list[str]:
                 continue
             out.append("S")
         elif tok.type == tokenize.NUMBER:
-            out.append("N")
+            out.append(tok.string if keep_constants else "N")
         elif tok.type == tokenize.NAME:
             out.append(_name(tok.string))
         else:
@@ -73,9 +76,9 @@ def normalized_tokens(code: str) -> list[str]:
     return out
 
 
-def fingerprint(code: str, k: int = SHINGLE_TOKENS) -> frozenset[int]:
+def fingerprint(code: str, k: int = SHINGLE_TOKENS, keep_constants: bool = False) -> frozenset[int]:
     """The set of hashed k-token shingles of ``code`` (cache it to compare one program against many)."""
-    tokens = normalized_tokens(code)
+    tokens = normalized_tokens(code, keep_constants)
     shingles = set()
     for i in range(max(1, len(tokens) - k + 1)):
         digest = hashlib.blake2b("\x00".join(tokens[i:i + k]).encode(), digest_size=8).digest()
@@ -90,6 +93,6 @@ def jaccard(a: frozenset, b: frozenset) -> float:
     return len(a & b) / len(a | b)
 
 
-def code_similarity(a: str, b: str, k: int = SHINGLE_TOKENS) -> float:
+def code_similarity(a: str, b: str, k: int = SHINGLE_TOKENS, keep_constants: bool = False) -> float:
     """Normalised-token shingle Jaccard similarity of two programs, in [0, 1]."""
-    return jaccard(fingerprint(a, k), fingerprint(b, k))
+    return jaccard(fingerprint(a, k, keep_constants), fingerprint(b, k, keep_constants))
