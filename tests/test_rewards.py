@@ -107,6 +107,9 @@ def test_failures_get_penalty_and_batch_function():
     out = R.designer_rewards([_stats(0.5, 0.0), None, _stats(0.1, 0.0)], cfg)
     np.testing.assert_allclose(out, [0.25, -0.7, 0.09])
     assert R.designer_reward(None) == -1.0
+    assert R.designer_reward(None, rejected_at="novelty") == -0.25
+    assert R.designer_reward(None, R.DesignerRewardConfig(duplicate_penalty=-0.5), "novelty") == -0.5
+    np.testing.assert_allclose(R.designer_rewards([None, None], cfg, ["novelty", "contract"]), [-0.25, -0.7])
 
 
 def test_config_validation():

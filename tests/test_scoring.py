@@ -21,8 +21,8 @@ def _trajectory(env_key, seed, reward, hinted, n_tokens=4):
                       np.zeros(n_tokens, np.float32), reward, reward == 1.0, 1, "terminated", None, [])
 
 
-def _pending(env_id, skill="logical deduction"):
-    return PendingDesign(0, 0, 0, skill, "easy", None, env_id, "novelty", "", [1, 2], [3, 4], [-0.5, -0.25])
+def _pending(env_id, skill="logical deduction", stage="novelty"):
+    return PendingDesign(0, 0, 0, skill, "easy", None, env_id, stage, "", [1, 2], [3, 4], [-0.5, -0.25])
 
 
 def test_env_statistics_match_plays_by_seed_over_the_whole_pool_stay():
@@ -56,7 +56,7 @@ def test_agent_metrics_and_sequences():
 
 def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
-    due = [_pending("a"), _pending(None), _pending("gone", skill="optimization")]
+    due = [_pending("a"), _pending(None, stage="feasibility"), _pending("gone", skill="optimization")]
     scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(), weight=0.5)
     # blend: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(win rate 0) = 0.4; no environment: -1
     np.testing.assert_allclose(scores.rewards, [0.4, -1.0, -1.0])
@@ -67,6 +67,10 @@ def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     assert tokens.tolist() == [1, 2, 3, 4] and mask.tolist() == [False, False, True, True]
     assert all(s.weight == 0.5 and s.role == "designer" for s in scores.sequences)
     assert scoring.designer_scores([], {}, DesignerRewardConfig(), weight=1.0).sequences == []
+    # a near-duplicate (rejected at novelty) is graded apart from a broken program
+    graded = scoring.designer_scores([_pending(None), _pending(None, stage="load")], {}, DesignerRewardConfig(),
+                                     weight=1.0)
+    np.testing.assert_allclose(graded.rewards, [-0.25, -1.0])
 
 
 def test_design_env_id():

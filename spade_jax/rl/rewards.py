@@ -116,7 +116,9 @@ class DesignerRewardConfig:
 
     kind: one of DESIGNER_REWARD_KINDS. blend = regret_weight * clip(regret / regret_scale,
     0, 1) + plateau_weight * plateau(win_rate). failure_penalty: reward of a program that
-    was not admitted (no environment, so no statistics).
+    was not admitted (no environment, so no statistics); duplicate_penalty: reward of one
+    rejected only as a near-duplicate (it passed every other stage, so it is graded apart
+    from a broken program).
     """
 
     kind: str = "blend"
@@ -127,6 +129,7 @@ class DesignerRewardConfig:
     plateau_high: float = 0.6
     plateau_ramp: float = 0.25
     failure_penalty: float = -1.0
+    duplicate_penalty: float = -0.25
 
     def __post_init__(self):
         if self.kind not in DESIGNER_REWARD_KINDS:
@@ -146,8 +149,10 @@ def plateau(win_rate, low: float = 0.4, high: float = 0.6, ramp: float = 0.25):
     return np.where(p < low, below, np.where(p > high, above, 1.0))
 
 
-def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = DesignerRewardConfig()) -> float:
-    """Designer reward of one program; ``None`` stats mean the program was not admitted.
+def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = DesignerRewardConfig(),
+                    rejected_at: str | None = None) -> float:
+    """Designer reward of one program; ``None`` stats mean the program was not played, and
+    ``rejected_at`` names the admission stage that rejected it ("novelty": the duplicate penalty).
 
     Variants (p = plain win rate):
       blend: see DesignerRewardConfig.
@@ -164,7 +169,7 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
         |z-score| is nearly constant and would carry no signal.
     """
     if stats is None:
-        return float(cfg.failure_penalty)
+        return float(cfg.duplicate_penalty if rejected_at == "novelty" else cfg.failure_penalty)
     p = stats.win_rate
     if cfg.kind == "blend":
         r = np.clip(stats.regret / cfg.regret_scale, 0.0, 1.0)
@@ -179,10 +184,12 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
     return float(stats.mean_abs_advantage)
 
 
-def designer_rewards(stats: Sequence[EnvStats | None],
-                     cfg: DesignerRewardConfig = DesignerRewardConfig()) -> np.ndarray:
-    """`designer_reward` of each designer sample, shape (N,) float64 (None = not admitted)."""
-    return np.array([designer_reward(s, cfg) for s in stats], dtype=np.float64)
+def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig = DesignerRewardConfig(),
+                     rejected_at: Sequence[str | None] | None = None) -> np.ndarray:
+    """`designer_reward` of each designer sample, shape (N,) float64 (None = not played;
+    ``rejected_at``: the rejecting stage of each sample, None for an admitted one)."""
+    stages = rejected_at if rejected_at is not None else [None] * len(stats)
+    return np.array([designer_reward(s, cfg, stage) for s, stage in zip(stats, stages)], dtype=np.float64)
 
 
 __all__ = [

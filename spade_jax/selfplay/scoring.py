@@ -101,7 +101,7 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     if not due:
         return DesignerScores(np.zeros(0), [], {})
     stats = [stats_by_env_id.get(p.env_id) if p.env_id else None for p in due]
-    rewards = rew_lib.designer_rewards(stats, cfg)
+    rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due])
     advantages = adv_lib.designer_advantages(rewards, [p.skill for p in due])
     sequences = []
     for p, a in zip(due, advantages):
