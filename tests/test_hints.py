@@ -1,5 +1,7 @@
 """Hint modes decide which episodes measure an environment's regret (agent/hints.py)."""
 
+import types
+
 import pytest
 
 from spade_jax.agent import matched_requests
@@ -17,8 +19,29 @@ def test_each_hint_mode_gives_matched_plain_and_hinted_requests():
     solution = matched_requests(0, "code", [7], "solution", hint="ignored")
     assert [(r.hinted, r.hint, r.hint_from_solution) for r in solution] == [(False, None, False), (True, None, True)]
 
+    placebo = matched_requests(0, "code", [7], "placebo", hint="Read the task again.")
+    assert [(r.hinted, r.hint, r.hint_from_solution) for r in placebo] == [
+        (False, None, False), (True, "Read the task again.", False)]
+
     with pytest.raises(ValueError, match="hint mode"):
-        matched_requests(0, "code", [7], "placebo")
+        matched_requests(0, "code", [7], "psychic")
+
+
+def test_placebo_hints_have_the_length_of_the_hint_they_replace_and_no_content(monkeypatch, small_tokenizer):
+    from spade_jax.agent import hints
+
+    written = ["Add the two numbers shown, then answer as \\boxed{sum}.", "Go left twice.", None]
+
+    def fake_complete(policy, chats, **kwargs):
+        assert "source code of an environment" in chats[0][1]["content"]  # the same call as mode self
+        return [types.SimpleNamespace(text=t or "") for t in written]
+
+    monkeypatch.setattr(hints, "complete_chats", fake_complete)
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer)
+    out = hints.write_hints(policy, ["code a", "code b", "code c"], hints.HintConfig(mode="placebo"))
+    assert [len(h) for h in out[:2]] == [len(written[0]), len(written[1])] and out[2] is None
+    assert out[0].startswith("Read the task again") and "boxed" not in out[0] and "left" not in out[1]
+    assert hints.placebo_hint(300) == hints.placebo_hint(300) and len(hints.placebo_hint(300)) == 300
 
 
 def test_clean_hint_keeps_sentences_on_one_line():

@@ -8,6 +8,10 @@ Modes:
             `solution()` for its seed (see `rollout.solution_hint`). A deliberate
             deviation for tests and the tiny preset, whose bootstrap model cannot
             write hints; it can reveal the answer of one-step games.
+  placebo   the noise floor of regret: hints are written as in mode `self` (the same
+            sampler call), then each is replaced by neutral advice of the same length
+            (`placebo_hint`), so hinted plays differ from plain ones only by a prompt of the
+            same size that carries no information about the environment.
   none      no hints: hinted plays equal plain plays and regret is 0.
 
 The environment source the policy reads in mode `self` is designer-written, so it enters
@@ -28,7 +32,8 @@ from spade_jax.agent.rollout import EpisodeRequest
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
-HINT_MODES = ("self", "solution", "none")
+HINT_MODES = ("self", "solution", "placebo", "none")
+PLACEBO_TEXT = "Read the task again, take one step at a time, and answer in the format it asks for. "
 
 HINT_SYSTEM_PROMPT = "You write short hints for players of text environments."
 HINT_INSTRUCTIONS = (
@@ -65,9 +70,15 @@ def clean_hint(text: str, max_sentences: int = 3) -> str | None:
     return " ".join(_SENTENCE_END.split(text)[:max_sentences])
 
 
+def placebo_hint(length: int) -> str:
+    """Neutral advice of ``length`` characters (`PLACEBO_TEXT` repeated), the same for every environment."""
+    return (PLACEBO_TEXT * (length // len(PLACEBO_TEXT) + 1))[:length]
+
+
 def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int = 0) -> list[str | None]:
-    """One self-written hint per program (mode `self`); None for other modes."""
-    if cfg.mode != "self" or not programs:
+    """One self-written hint per program (mode `self`), or its placebo of the same length (mode
+    `placebo`); None for other modes."""
+    if cfg.mode not in ("self", "placebo") or not programs:
         return [None] * len(programs)
     chats = [
         [
@@ -79,7 +90,10 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
     ]
     completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=seed)
-    return [clean_hint(c.text, cfg.max_sentences) for c in completions]
+    hints = [clean_hint(c.text, cfg.max_sentences) for c in completions]
+    if cfg.mode == "placebo":
+        return [placebo_hint(len(h)) if h else None for h in hints]
+    return hints
 
 
 def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str,
@@ -87,7 +101,7 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     """The episodes that measure one environment's regret: one plain play per seed, then,
     unless ``mode`` is "none", one hinted play on each of the same seeds.
 
-    Mode "self" shows ``hint`` (the policy's own, `write_hints`); mode "solution" has the
+    Modes "self" and "placebo" show ``hint`` (`write_hints`); mode "solution" has the
     rollout take the first action of the environment's `solution()` for the seed.
     """
     if mode not in HINT_MODES:
@@ -96,7 +110,7 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     if mode != "none":
         requests += [
             EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True,
-                           hint=hint if mode == "self" else None, hint_from_solution=mode == "solution")
+                           hint=hint if mode in ("self", "placebo") else None, hint_from_solution=mode == "solution")
             for s in seeds
         ]
     return requests
