@@ -22,6 +22,12 @@ def test_a_designer_sample_alone_in_its_skill_is_centred_on_the_batch_mean():
     np.testing.assert_array_equal(A.designer_advantages([0.7], ["a"]), [0.0])
 
 
+def test_designer_advantages_are_scaled_after_centring():
+    # a: mean 2 -> (-1, 1); b alone: on the batch mean 6.5 / 3; then x 10
+    np.testing.assert_allclose(A.designer_advantages([1.0, 3.0, 2.5], ["a", "a", "b"], scale=10.0),
+                               [-10.0, 10.0, 10 * (2.5 - 6.5 / 3)])
+
+
 def test_zscore_by_hand_and_all_equal():
     np.testing.assert_array_equal(A.zscore([1.0, 0.0, 0.0, 1.0], eps=0.0), [1.0, -1.0, -1.0, 1.0])
     np.testing.assert_allclose(A.zscore([1.0, 0.0, 0.0, 1.0], eps=0.5), [0.5, -0.5, -0.5, 0.5])

@@ -93,13 +93,71 @@ def test_other_variants_by_hand():
     assert R.designer_reward(_stats(0.0, 0.0), R.DesignerRewardConfig(kind="learnability")) == 0.0
     assert R.designer_reward(_stats(1.0, 0.0), R.DesignerRewardConfig(kind="learnability")) == 0.0
     assert R.designer_reward(s, R.DesignerRewardConfig(kind="sfl")) == pytest.approx(0.1875)
-    assert R.designer_reward(s, R.DesignerRewardConfig(kind="learning_potential")) == 0.375
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="mean_abs_advantage")) == 0.375
 
 
-def test_learning_potential_from_episodes_is_two_p_one_minus_p_for_binary_rewards():
+def test_mean_abs_advantage_from_episodes_is_two_p_one_minus_p_for_binary_rewards():
     s = R.env_stats([1.0, 0.0, 0.0, 0.0])
-    lp = R.designer_reward(s, R.DesignerRewardConfig(kind="learning_potential"))
+    lp = R.designer_reward(s, R.DesignerRewardConfig(kind="mean_abs_advantage"))
     assert lp == pytest.approx(2 * 0.25 * 0.75)
+
+
+def test_learning_potential_is_the_distance_from_the_skill_slow_average_updated_first():
+    cfg = R.DesignerRewardConfig(kind="learning_potential")  # gammas 0.98 / 0.85
+    g1 = R.env_stats([0.0, 0.0])  # mean 0
+    g2 = R.env_stats([1.0, 1.0, 1.0, 0.0, 1.0, 1.0])  # mean 5/6
+    other = R.env_stats([1.0])
+    # first update: both averages start at the skill's pooled mean 5 / 8 (not the mean of means 5 / 12);
+    # a skill without a played sample is left out
+    averages = R.update_learning_potentials({}, ["logic", "logic", "math", "math"], [g1, g2, None, None], cfg)
+    assert averages == {"logic": R.SkillRewardAverages(0.625, 0.625)}
+    rewards = R.designer_rewards([g1, g2, None], cfg, baselines=[0.625, 0.625, None])
+    np.testing.assert_allclose(rewards, [0.625, 5 / 6 - 0.625, -1.0])
+    # second update with mean 0.25: slow 0.15 * 0.625 + 0.85 * 0.25, fast 0.02 * 0.625 + 0.98 * 0.25
+    g3 = R.env_stats([0.0, 1.0, 0.0, 0.0])
+    averages = R.update_learning_potentials(averages, ["logic", "optimization"], [g3, other], cfg)
+    assert averages["logic"].mu_slow == pytest.approx(0.30625) and averages["logic"].mu_fast == pytest.approx(0.2575)
+    assert averages["optimization"] == R.SkillRewardAverages(1.0, 1.0)
+    assert R.designer_reward(g3, cfg, baseline=averages["logic"].mu_slow) == pytest.approx(0.05625)
+    # the reference's rho (monitoring only): |0.2575 - 0.30625| / (2 (0.98 - 0.85))
+    assert averages["logic"].potential(0.98, 0.85) == pytest.approx(0.1875)
+    with pytest.raises(ValueError, match="baseline"):
+        R.designer_reward(g3, cfg)
+
+
+@pytest.mark.parametrize("by_iteration,expected", [
+    ({0: [0.0, 0.0], 2: [1.0, 1.0]}, 1.0),
+    ({0: [0.25, 0.25], 1: [0.75, 0.75]}, 0.5),
+    ({0: [0.0], 1: [0.5], 2: [1.0]}, 0.75),  # odd: the middle iteration is late
+    ({0: [0.0, 0.0, 0.0, 1.0], 1: [1.0], 2: [1.0], 3: [0.0, 1.0]}, 2 / 3 - 0.4),  # pooled halves
+    ({0: [1.0], 1: [0.0]}, 0.0),  # got worse: floored
+    ({3: [0.0, 1.0]}, 0.0),  # one iteration
+])
+def test_micro_lp_by_hand(by_iteration, expected):
+    rewards = [r for rs in by_iteration.values() for r in rs]
+    iterations = [i for i, rs in by_iteration.items() for _ in rs]
+    assert R.micro_lp(rewards, iterations) == pytest.approx(expected)
+    s = R.env_stats(rewards, plain_iterations=iterations)
+    assert R.designer_reward(s, R.DesignerRewardConfig(kind="micro_lp")) == pytest.approx(expected)
+
+
+def test_micro_lp_leaves_out_plays_of_unknown_iteration():
+    assert R.micro_lp([1.0, 0.0, 1.0], [None, 4, 5]) == 1.0
+    assert R.micro_lp([1.0, 0.0], [None, None]) == 0.0
+    assert R.env_stats([0.0, 1.0]).micro_lp == 0.0
+    with pytest.raises(ValueError, match="one iteration per reward"):
+        R.micro_lp([1.0, 0.0], [1])
+
+
+def test_designer_reward_scale():
+    assert R.designer_reward_scale(R.DesignerRewardConfig(), 24, 192, 4) == 1.0
+    assert R.designer_reward_scale(R.DesignerRewardConfig(scaling="fixed", scale=3.0), 24, 192, 4) == 3.0
+    auto = R.DesignerRewardConfig(scaling="auto")
+    assert R.designer_reward_scale(auto, 24, 192, 4) == 32.0  # the paper's schedule
+    assert R.designer_reward_scale(auto, 2, 8, 3) == 12.0
+    assert R.designer_reward_scale(auto, 8, 1000, 4) == 50.0  # capped at max_scale
+    assert R.designer_reward_scale(R.DesignerRewardConfig(scaling="auto", max_scale=10.0), 2, 8, 3) == 10.0
+    assert R.designer_reward_scale(auto, 0, 8, 3) == R.designer_reward_scale(auto, 8, 0, 3) == 1.0
 
 
 def test_failures_get_penalty_and_batch_function():
@@ -119,3 +177,9 @@ def test_config_validation():
         R.DesignerRewardConfig(regret_scale=0.0)
     with pytest.raises(ValueError, match="plateau_low"):
         R.DesignerRewardConfig(plateau_low=0.7, plateau_high=0.6)
+    with pytest.raises(ValueError, match="lp_gamma_slow < lp_gamma_fast"):
+        R.DesignerRewardConfig(lp_gamma_fast=0.5, lp_gamma_slow=0.9)
+    with pytest.raises(ValueError, match="scaling"):
+        R.DesignerRewardConfig(scaling="simple")
+    with pytest.raises(ValueError, match="scale and max_scale"):
+        R.DesignerRewardConfig(scaling="fixed", scale=0.0)

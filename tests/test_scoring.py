@@ -1,18 +1,21 @@
 """Scoring an iteration (selfplay/scoring.py) against hand-computed numbers."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 from spade_jax.agent import EpisodeRequest, Trajectory
-from spade_jax.rl.rewards import DesignerRewardConfig
+from spade_jax.rl.rewards import DesignerRewardConfig, SkillRewardAverages
 from spade_jax.selfplay import scoring
-from spade_jax.selfplay.state import PendingDesign, PoolEnv, design_env_id
+from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
 
 
-def _env(env_id, plain, hinted):
-    return PoolEnv(env_id, "code", "logical deduction", None, design_iteration=0, plain=plain, hinted=hinted)
+def _env(env_id, plain, hinted, skill="logical deduction"):
+    """Plays given as (seed, reward) were played in iteration 0."""
+    plays = [[p if len(p) == 3 else (*p, 0) for p in side] for side in (plain, hinted)]
+    return PoolEnv(env_id, "code", skill, None, design_iteration=0, plain=plays[0], hinted=plays[1])
 
 
 def _trajectory(env_key, seed, reward, hinted, n_tokens=4):
@@ -71,6 +74,68 @@ def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     graded = scoring.designer_scores([_pending(None), _pending(None, stage="load")], {}, DesignerRewardConfig(),
                                      weight=1.0)
     np.testing.assert_allclose(graded.rewards, [-0.25, -1.0])
+
+
+def test_env_statistics_give_the_micro_lp_of_the_plain_plays_by_iteration():
+    env = _env("a", plain=[(1, 0.0, 4), (2, 0.0, 4), (3, 1.0, 5), (4, 1.0, 6), (5, 0.0, 6)],
+               hinted=[(1, 1.0, 4), (2, 1.0, 4)])
+    (stats,) = scoring.env_statistics([env])
+    # iterations 4 | 5, 6: early mean 0, late mean (1 + 1 + 0) / 3
+    assert stats.micro_lp == pytest.approx(2 / 3)
+    assert stats.regret == pytest.approx(1.0)  # seeds 1 and 2: plain 0, hinted 1
+
+
+def test_learning_potential_scores_carry_the_skill_averages_between_scorings():
+    cfg = DesignerRewardConfig(kind="learning_potential")
+    stats = scoring.env_statistics([
+        _env("a", [(1, 0.0), (2, 0.0)], []),
+        _env("b", [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.0), (5, 1.0), (6, 1.0)], []),
+    ])
+    due = [_pending("a"), _pending("b"), _pending(None, skill="optimization", stage="load")]
+    first = scoring.designer_scores(due, dict(zip("ab", stats)), cfg, weight=1.0)
+    # pooled mean 5 / 8 starts both averages; rewards |0 - 0.625|, |5/6 - 0.625|; the failure -1
+    assert first.skill_averages == {"logical deduction": SkillRewardAverages(0.625, 0.625)}
+    np.testing.assert_allclose(first.rewards, [0.625, 5 / 6 - 0.625, -1.0])
+    (c,) = scoring.env_statistics([_env("c", [(1, 0.0), (2, 1.0), (3, 0.0), (4, 0.0)], [])])
+    second = scoring.designer_scores([_pending("c"), _pending("c")], {"c": c}, cfg, weight=1.0,
+                                     skill_averages=first.skill_averages)
+    # slow average 0.15 * 0.625 + 0.85 * 0.25 = 0.30625; the input dict is left as it was
+    assert second.skill_averages["logical deduction"].mu_slow == pytest.approx(0.30625)
+    np.testing.assert_allclose(second.rewards, [0.05625, 0.05625])
+    assert first.skill_averages["logical deduction"].mu_slow == 0.625
+    # other kinds pass the averages through untouched
+    blend = scoring.designer_scores([_pending("c")], {"c": c}, DesignerRewardConfig(), weight=1.0,
+                                    skill_averages=first.skill_averages)
+    assert blend.skill_averages == first.skill_averages
+
+
+def test_designer_scores_scale_the_centred_rewards():
+    (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
+    due = [_pending("a"), _pending(None, stage="feasibility")]
+    # auto: 8 agent sequences / 2 designer samples * period 3 = 12; centred (0.4, -1) -> (0.7, -0.7)
+    scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(scaling="auto"), weight=1.0,
+                                     n_agent_sequences=8, regeneration_period=3)
+    assert scores.scale == 12.0
+    np.testing.assert_allclose([s.advantage for s in scores.sequences], [8.4, -8.4])
+    np.testing.assert_allclose(scores.rewards, [0.4, -1.0])  # the rewards themselves are not scaled
+    unscaled = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(), weight=1.0,
+                                       n_agent_sequences=8, regeneration_period=3)
+    assert unscaled.scale == 1.0
+    np.testing.assert_allclose([s.advantage for s in unscaled.sequences], [0.7, -0.7])
+
+
+def test_loop_state_round_trip_and_old_checkpoints():
+    state = LoopState(iteration=3, pool=[_env("a", [(1, 0.5, 2)], [(1, 1.0, 2)])],
+                      skill_averages={"optimization": SkillRewardAverages(0.1, 0.3)})
+    restored = LoopState.from_json(json.loads(json.dumps(state.to_json())))
+    assert restored == state
+    old = state.to_json()
+    del old["skill_averages"]
+    old["pool"][0]["plain"] = [[1, 0.5]]
+    old["pool"][0]["hinted"] = [[1, 1.0]]
+    restored = LoopState.from_json(old)
+    assert restored.pool[0].plain == [(1, 0.5, None)] and restored.pool[0].hinted == [(1, 1.0, None)]
+    assert restored.skill_averages == {}
 
 
 def test_design_env_id():

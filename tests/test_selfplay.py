@@ -338,3 +338,40 @@ def test_a_delayed_designer_reward_scores_the_designs_on_every_iteration_of_thei
     scored = {e.env_id: e.designer_reward for e in run_log(tmp_path) if e.designer_reward is not None}
     assert scored == {"it0000-slot00": pytest.approx(second["designer/reward_mean"]),
                       "it0000-slot01": pytest.approx(second["designer/reward_mean"])}
+
+
+@pytest.mark.parametrize("switch", ["no_designer", "frozen_designer", "no_memory_no_corpus"])
+def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
+    c = tiny_selfplay_config()
+    if switch == "no_designer":
+        c.designer.enabled = False
+    elif switch == "frozen_designer":
+        c.designer.train = False
+    else:
+        c.memory.enabled = False
+        c.corpus.enabled = False
+        c.corpus.paths = ("/nonexistent/corpus.jsonl",)  # never read
+    prompts = []
+    original = loop.propose
+
+    def recording_propose(policy, memory, corpus, cfg, *, seed):
+        designs = original(policy, memory, corpus, cfg, seed=seed)
+        prompts.extend(small_tokenizer.decode(d.prompt_tokens.tolist()) for d in designs)
+        return designs
+
+    monkeypatch.setattr(loop, "propose", recording_propose)
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        (metrics,) = run.run()
+    finally:
+        run.close()
+    assert metrics["agent/episodes"] == 8 and metrics["train/tokens"] > 0  # 2 replays x (2 plain + 2 hinted)
+    if switch == "no_designer":
+        assert prompts == [] and "designer/proposed" not in metrics and metrics["train/designer_tokens"] == 0
+    elif switch == "frozen_designer":
+        assert metrics["designer/proposed"] == 2 and metrics["train/designer_tokens"] == 0
+    else:
+        assert len(prompts) == 2 and metrics["train/designer_tokens"] > 0
+        assert all("reference_document" not in p and "designed before" not in p for p in prompts)

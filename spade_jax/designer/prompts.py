@@ -74,11 +74,11 @@ def exemplar_code(code: str) -> str:
 
 
 def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar]) -> str:
-    """The user turn of a designer prompt; `reference` is a wrapped document (`Document.as_reference`)."""
-    parts = [
-        f"Skill: {skill}\nDifficulty: {difficulty}",
-        f"Ground the environment in this reference document where it fits:\n{reference}",
-    ]
+    """The user turn of a designer prompt; `reference` is a wrapped document (`Document.as_reference`),
+    or empty for a prompt without one."""
+    parts = [f"Skill: {skill}\nDifficulty: {difficulty}"]
+    if reference:
+        parts.append(f"Ground the environment in this reference document where it fits:\n{reference}")
     if exemplars:
         parts.append(
             "Environments designed before and how the agent did on them:\n\n"
@@ -111,15 +111,16 @@ def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
     return out + "\n# ... (truncated)" if cut else out
 
 
-def slot_messages(memory: EnvironmentMemory, rng: np.random.Generator, skill: str, difficulty: str, doc,
+def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, skill: str, difficulty: str, doc,
                   prompt: PromptConfig) -> list[dict]:
     """The chat messages of one designer slot: exemplars drawn from ``memory``, their code cut
-    to the prompt's size, and ``doc`` (a `Document`, already cut by the corpus)."""
-    exemplars = [
-        dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
-        for e in memory.exemplars(rng, n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative)
-    ]
-    return designer_messages(skill, difficulty, doc.as_reference(), exemplars)
+    to the prompt's size, and ``doc`` (a `Document`, already cut by the corpus). ``memory`` None
+    gives no exemplars and ``doc`` None no document (the no-memory and no-corpus ablations)."""
+    drawn = memory.exemplars(rng, n_positive=prompt.exemplars_positive,
+                             n_negative=prompt.exemplars_negative) if memory is not None else []
+    exemplars = [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
+                 for e in drawn]
+    return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars)
 
 
 def designer_answer(code: str) -> str:

@@ -45,7 +45,7 @@ class DesignSample:
     slot: int
     skill: str
     difficulty: str
-    doc_id: str
+    doc_id: str | None
     doc_excerpt: str
     prompt_tokens: np.ndarray
     tokens: np.ndarray
@@ -68,12 +68,13 @@ def assign_slots(cfg: DesignerConfig, rng: np.random.Generator) -> list[tuple[st
 
 
 def propose(
-    policy, memory: EnvironmentMemory, corpus: Corpus, cfg: DesignerConfig, *, seed: int
+    policy, memory: EnvironmentMemory | None, corpus: Corpus | None, cfg: DesignerConfig, *, seed: int
 ) -> list[DesignSample]:
-    """Samples `cfg.num_slots` programs in one batched call; `report` is still None."""
+    """Samples `cfg.num_slots` programs in one batched call; `report` is still None. Without
+    ``memory`` the prompts show no exemplars, without ``corpus`` no document."""
     rng = np.random.default_rng(seed)
     slots = assign_slots(cfg, rng)
-    documents = corpus.sample(len(slots))
+    documents = corpus.sample(len(slots)) if corpus is not None else [None] * len(slots)
     chats = [slot_messages(memory, rng, skill, difficulty, doc, cfg.prompt)
              for (skill, difficulty), doc in zip(slots, documents)]
     completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
@@ -83,8 +84,8 @@ def propose(
             slot=i,
             skill=skill,
             difficulty=difficulty,
-            doc_id=doc.doc_id,
-            doc_excerpt=" ".join(doc.text.split()[:60]),
+            doc_id=doc.doc_id if doc is not None else None,
+            doc_excerpt=" ".join(doc.text.split()[:60]) if doc is not None else "",
             prompt_tokens=np.asarray(completion.prompt_tokens, np.int32),
             tokens=completion.tokens,
             logprobs=completion.logprobs,
@@ -97,14 +98,14 @@ def propose(
 def admit_samples(
     samples: Sequence[DesignSample],
     pool,
-    memory: EnvironmentMemory,
+    memory: EnvironmentMemory | None,
     admission: AdmissionConfig,
     seed: int | None = None,
 ) -> list[DesignSample]:
-    """Runs staged admission on every sample at once (novelty against memory and the batch).
+    """Runs staged admission on every sample at once (novelty against memory, if any, and the batch).
 
     ``seed`` draws the admission's probe seeds and actions (None: OS entropy).
     """
-    archive = [record.code for record in memory.records()]
+    archive = [record.code for record in memory.records()] if memory is not None else []
     reports = admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool, seed=seed)
     return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]

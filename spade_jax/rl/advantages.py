@@ -2,8 +2,9 @@
 
 Designer: its rewards centred per skill (`designer_advantages`): each program's reward
 minus the mean reward of the designer samples of the same skill in this batch, not
-divided by the std (the reference's "centred, not normalised"); a sample alone in its skill
-is centred on the batch mean instead (its own mean would make it exactly 0).
+divided by the std (the reference's "centred, not normalised"), then multiplied by the
+designer's reward scale (`rewards.designer_reward_scale`); a sample alone in its skill is
+centred on the batch mean instead (its own mean would make it exactly 0).
 
 Agent: per-environment z-score of the plain episodes' rewards (`agent_advantages`).
 Hinted episodes are not trained on by default; with ``train_hinted`` they get
@@ -38,8 +39,9 @@ def center_by_group(values, groups: Sequence[Hashable]) -> np.ndarray:
     return v - means[ids]
 
 
-def designer_advantages(rewards, skills: Sequence[str]) -> np.ndarray:
-    """Designer rewards centred per skill (subtract the skill group's mean, no std division).
+def designer_advantages(rewards, skills: Sequence[str], scale: float = 1.0) -> np.ndarray:
+    """Designer rewards centred per skill (subtract the skill group's mean, no std division),
+    times ``scale`` (the reference applies its env reward scale after the centring).
 
     Every designer sample of the batch counts in its skill's mean, admission failures
     included, since they are samples of the same prompt distribution. A sample that is the
@@ -51,7 +53,7 @@ def designer_advantages(rewards, skills: Sequence[str]) -> np.ndarray:
     ids, _ = _group_index(skills)
     alone = np.bincount(ids)[ids] == 1
     advantages[alone] = v[alone] - v.mean()
-    return advantages
+    return advantages * scale
 
 
 def zscore(values, eps: float = 1e-6) -> np.ndarray:

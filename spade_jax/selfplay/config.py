@@ -120,9 +120,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
 
     # Document truncation is `designer.prompt.doc_max_words`; the sampling order follows `seed`.
-    c.corpus = section(CorpusConfig, exclude=("max_words", "seed"))
+    # `enabled=False`: designer prompts without a document (the no-corpus ablation).
+    c.corpus = section(CorpusConfig, exclude=("max_words", "seed"), enabled=True)
     c.designer = section(
         DesignerConfig,
+        enabled=True,  # False: no designer at all; the agent plays `agent.replay_envs` environments of memory
+        train=True,  # False: the designer designs and is scored, but its tokens are not trained (frozen designer)
         regeneration_period=1,  # design new environments every N iterations; play the pool between
         # Iterations of play (the design's own included) whose episodes count towards the designer's
         # reward, 1..regeneration_period; the reference regenerates every 4 and delays by 4.
@@ -134,7 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
     # The maximum number of turns is the agent's (`agent.max_turns`); the sandbox is `sandbox`.
     c.admission = section(AdmissionConfig, exclude=("max_turns", "sandbox"))
     c.sandbox = section(SandboxConfig)
-    c.memory = section(EnvironmentMemory, seed_library=True)
+    # `enabled=False`: designer prompts without exemplars, novelty against the batch only (no-memory
+    # ablation); the memory still records environments, which the agent replays.
+    c.memory = section(EnvironmentMemory, seed_library=True, enabled=True)
     c.hints = section(HintConfig)
     c.agent = section(
         AgentConfig,
@@ -281,6 +286,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
             f"{c.designer.reward_delay}: a design is scored on the plays of the pool it made, which "
             "leaves the pool after one period",
         )
+    if not c.designer.enabled and c.agent.replay_envs < 1:
+        _fail("agent.replay_envs", "must be >= 1 when designer.enabled is False (the agent only replays memory)")
     if c.agent.episodes_per_env < 1:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")
     if c.agent.max_new_tokens >= c.agent.context_budget:

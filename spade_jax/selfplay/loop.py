@@ -81,7 +81,7 @@ class SelfPlay:
         if config.memory.seed_library:
             for seed_env in library.SEED_ENVS:
                 self.memory.add_seed(library.load_source(seed_env.name), seed_env.skill, name=seed_env.name)
-        self.corpus = Corpus.from_config(config_lib.corpus_config(config))
+        self.corpus = Corpus.from_config(config_lib.corpus_config(config)) if config.corpus.enabled else None
         self.state = LoopState()
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save
@@ -162,7 +162,8 @@ class SelfPlay:
             {k: v for k, v in m.items() if not (k.startswith("time/") or "per_s" in k or k.endswith("time_s"))}
             for m in self.state.history
         ]
-        payload = json.dumps([history, self.memory.to_state(), self.corpus.state()], sort_keys=True, default=str)
+        corpus = self.corpus.state() if self.corpus else None
+        payload = json.dumps([history, self.memory.to_state(), corpus], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def _meta(self) -> dict:
@@ -170,7 +171,7 @@ class SelfPlay:
             "seed": self.config.seed,
             "loop": self.state.to_json(),
             "memory": self.memory.to_state(),
-            "corpus": self.corpus.state(),
+            "corpus": self.corpus.state() if self.corpus else None,
         }
 
     def _load_meta(self, meta: dict) -> None:
@@ -180,7 +181,8 @@ class SelfPlay:
             )
         self.state = LoopState.from_json(meta["loop"])
         self.memory = EnvironmentMemory.from_state(meta["memory"])
-        self.corpus.restore(meta["corpus"])
+        if self.corpus:
+            self.corpus.restore(meta["corpus"])
 
     def _save(self, step: int, meta: dict | None = None) -> None:
         if self._saved_step == step:
@@ -209,7 +211,7 @@ class SelfPlay:
         designs: list[DesignSample] = []
         tic = time.perf_counter()
 
-        if it % cfg.designer.regeneration_period == 0:
+        if cfg.designer.enabled and it % cfg.designer.regeneration_period == 0:
             designs = self._design(it, metrics, times)
         self._checkpoint_phase()
 
@@ -233,7 +235,7 @@ class SelfPlay:
         stats, agent_sequences, designer = self._score(it, envs, trajectories, metrics)
 
         start = time.perf_counter()
-        train_metrics = self._update(agent_sequences + designer.sequences)
+        train_metrics = self._update(agent_sequences + (designer.sequences if cfg.designer.train else []))
         times["update_s"] = time.perf_counter() - start
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
 
@@ -257,12 +259,13 @@ class SelfPlay:
         start = time.perf_counter()
         with phase_bar("design", 2, enabled=cfg.log.progress and self.main) as bar:
             designs = propose(
-                self.policy, self.memory, self.corpus, self.designer_cfg, seed=derive_seed(cfg.seed, it, _PHASES["design"])
+                self.policy, self.memory if cfg.memory.enabled else None, self.corpus, self.designer_cfg,
+                seed=derive_seed(cfg.seed, it, _PHASES["design"]),
             )
             bar.update(1)
             times["design_s"] = time.perf_counter() - start
             designs = admit_samples(
-                designs, self.pool, self.memory, self.admission_cfg,
+                designs, self.pool, self.memory if cfg.memory.enabled else None, self.admission_cfg,
                 seed=derive_seed(cfg.seed, it, _PHASES["admission"]),
             )
             bar.update(1)
@@ -371,7 +374,7 @@ class SelfPlay:
         cfg = self.config
         for t in trajectories:
             env = envs[t.request.env_key]
-            (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward))
+            (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
         stats = scoring.env_statistics(envs)
         metrics.update(scoring.agent_metrics(trajectories, stats))
         agent_sequences = scoring.agent_sequences(
@@ -381,9 +384,15 @@ class SelfPlay:
         due = [p for p in self.state.pending if p.due_iteration <= it]
         self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
         designed_stats = {e.env_id: s for e, s in zip(envs, stats) if s is not None and not e.is_replay}
-        designer = scoring.designer_scores(due, designed_stats, self.reward_cfg, weight=cfg.rl.designer_weight)
+        designer = scoring.designer_scores(
+            due, designed_stats, self.reward_cfg, weight=cfg.rl.designer_weight,
+            n_agent_sequences=len(agent_sequences), regeneration_period=cfg.designer.regeneration_period,
+            skill_averages=self.state.skill_averages,
+        )
+        self.state.skill_averages = designer.skill_averages
         if due:
             metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
+            metrics["designer/reward_scale"] = designer.scale
         return stats, agent_sequences, designer
 
     def _evaluate(self, step: int) -> dict[str, float]:

@@ -3,12 +3,13 @@
 Pure functions of the iteration's trajectories and the pool's play records; the loop calls
 them in this order:
 
-1. `env_statistics`: each environment's statistics (win rate, means, matched regret) over
-   every play since it entered the pool, computed once and used by everything below, by the
-   memory and by the environment log;
+1. `env_statistics`: each environment's statistics (win rate, means, matched regret, micro
+   learning potential) over every play since it entered the pool, computed once and used by
+   everything below, by the memory and by the environment log;
 2. `agent_metrics` and `agent_sequences`: the agent's win rates and its training sequences
    (advantages centred per environment, optionally weighted by regret rank);
-3. `designer_scores`: the reward and training sequence of each designer sample now due.
+3. `designer_scores`: the reward and training sequence of each designer sample now due, and
+   the skills' reward averages after them.
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ from spade_jax.selfplay.state import PendingDesign, PoolEnv
 def env_statistics(envs: Sequence[PoolEnv]) -> list[rew_lib.EnvStats | None]:
     """Statistics of each environment over its recorded plays; None for one not played.
 
-    Plain and hinted plays are matched by seed (`rewards.env_stats`).
+    Plain and hinted plays are matched by seed (`rewards.env_stats`); the plain plays'
+    iterations give the micro learning potential.
     """
     return [
         rew_lib.env_stats(
-            [reward for _, reward in env.plain],
-            [reward for _, reward in env.hinted],
-            plain_seeds=[seed for seed, _ in env.plain],
-            hinted_seeds=[seed for seed, _ in env.hinted],
+            [reward for _, reward, _ in env.plain],
+            [reward for _, reward, _ in env.hinted],
+            plain_seeds=[seed for seed, _, _ in env.plain],
+            hinted_seeds=[seed for seed, _, _ in env.hinted],
+            plain_iterations=[iteration for _, _, iteration in env.plain],
         )
         if env.plain
         else None
@@ -86,29 +89,46 @@ def agent_sequences(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.
 
 @dataclasses.dataclass(frozen=True)
 class DesignerScores:
-    """The due designer samples' rewards (in order), their training sequences, and the reward
-    per admitted environment id."""
+    """The due designer samples' rewards (in order, before centring), their training sequences,
+    the reward per admitted environment id, the scale applied to their centred rewards, and
+    every skill's reward averages after this scoring."""
 
     rewards: np.ndarray
     sequences: list[TrainSequence]
     by_env_id: dict[str, float]
+    scale: float
+    skill_averages: dict[str, rew_lib.SkillRewardAverages]
 
 
 def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew_lib.EnvStats],
-                    cfg: rew_lib.DesignerRewardConfig, *, weight: float) -> DesignerScores:
+                    cfg: rew_lib.DesignerRewardConfig, *, weight: float, n_agent_sequences: int = 0,
+                    regeneration_period: int = 1,
+                    skill_averages: dict[str, rew_lib.SkillRewardAverages] | None = None) -> DesignerScores:
     """Rewards (`rewards.designer_rewards`: the failure penalty for a sample with no played
-    environment), advantages centred per skill, and one training sequence per sample."""
+    environment), advantages centred per skill times `rewards.designer_reward_scale` (from
+    ``n_agent_sequences``, the agent's sequences in the same update, and the
+    ``regeneration_period``), and one training sequence per sample. Kind "learning_potential"
+    first updates ``skill_averages`` with the due samples' plays and measures each sample
+    against its skill's slow average; other kinds pass the averages through unchanged."""
+    averages = dict(skill_averages or {})
     if not due:
-        return DesignerScores(np.zeros(0), [], {})
+        return DesignerScores(np.zeros(0), [], {}, 1.0, averages)
     stats = [stats_by_env_id.get(p.env_id) if p.env_id else None for p in due]
-    rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due])
-    advantages = adv_lib.designer_advantages(rewards, [p.skill for p in due])
+    skills = [p.skill for p in due]
+    baselines = None
+    if cfg.kind == "learning_potential":
+        averages = rew_lib.update_learning_potentials(averages, skills, stats, cfg)
+        baselines = [averages[k].mu_slow if k in averages else None for k in skills]
+    rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due], baselines=baselines)
+    scale = rew_lib.designer_reward_scale(cfg, len(due), n_agent_sequences, regeneration_period)
+    advantages = adv_lib.designer_advantages(rewards, skills, scale)
     sequences = []
     for p, a in zip(due, advantages):
         tokens, mask, logprobs = p.sequence_arrays()
         if mask.any():
             sequences.append(TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=weight, role="designer"))
-    return DesignerScores(np.asarray(rewards), sequences, {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id})
+    by_env_id = {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
+    return DesignerScores(np.asarray(rewards), sequences, by_env_id, scale, averages)
 
 
 def _mean(values) -> float:

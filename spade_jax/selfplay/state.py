@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from spade_jax.rl.rewards import SkillRewardAverages
+
 
 def design_env_id(iteration: int, slot: int) -> str:
     """The id of the environment that designer slot ``slot`` of ``iteration`` created."""
@@ -16,8 +18,10 @@ def design_env_id(iteration: int, slot: int) -> str:
 class PoolEnv:
     """An environment the agent plays this period: a new design or a replay from memory.
 
-    `plain` / `hinted` hold `(seed, reward)` of every episode played since it entered the
-    pool; the designer's reward is computed from them when it falls due.
+    `plain` / `hinted` hold `(seed, reward, iteration)` of every episode played since it
+    entered the pool; the designer's reward is computed from them when it falls due. An
+    episode restored from a checkpoint written before iterations were kept has iteration
+    None (it still counts everywhere except in `rewards.micro_lp`).
     """
 
     env_id: str
@@ -59,12 +63,17 @@ class PendingDesign:
 
 @dataclasses.dataclass
 class LoopState:
-    """Everything besides parameters, optimizer, memory and corpus cursor that a resume needs."""
+    """Everything besides parameters, optimizer, memory and corpus cursor that a resume needs.
+
+    `skill_averages`: each skill's reward averages for the designer reward kind
+    "learning_potential" (`rewards.update_learning_potentials`), empty under other kinds.
+    """
 
     iteration: int = 0  # the next iteration to run
     pool: list[PoolEnv] = dataclasses.field(default_factory=list)
     pending: list[PendingDesign] = dataclasses.field(default_factory=list)
     history: list[dict] = dataclasses.field(default_factory=list)  # one metrics dict per iteration
+    skill_averages: dict[str, SkillRewardAverages] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -72,19 +81,28 @@ class LoopState:
             "pool": [dataclasses.asdict(e) for e in self.pool],
             "pending": [dataclasses.asdict(p) for p in self.pending],
             "history": self.history,
+            "skill_averages": {k: dataclasses.asdict(v) for k, v in self.skill_averages.items()},
         }
 
     @classmethod
     def from_json(cls, data: dict) -> "LoopState":
+        """Also reads checkpoints written before plays kept their iteration or skills kept averages."""
         pool = []
         for e in data["pool"]:
             e = dict(e)
-            e["plain"] = [tuple(x) for x in e["plain"]]
-            e["hinted"] = [tuple(x) for x in e["hinted"]]
+            e["plain"] = [_play(x) for x in e["plain"]]
+            e["hinted"] = [_play(x) for x in e["hinted"]]
             pool.append(PoolEnv(**e))
         return cls(
             iteration=int(data["iteration"]),
             pool=pool,
             pending=[PendingDesign(**p) for p in data["pending"]],
             history=list(data["history"]),
+            skill_averages={k: SkillRewardAverages(**v) for k, v in data.get("skill_averages", {}).items()},
         )
+
+
+def _play(record) -> tuple:
+    """`(seed, reward, iteration)` from a checkpointed play; an old `(seed, reward)` gets iteration None."""
+    seed, reward, *rest = record
+    return (seed, reward, rest[0] if rest else None)
