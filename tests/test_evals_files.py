@@ -260,6 +260,19 @@ def test_lcb_hostile_or_broken_solutions_fail_without_hurting_the_run(pool):
     assert pool.stats()["live"] == 0
 
 
+def test_lcb_scores_a_batch_side_by_side_as_it_scores_each_alone(pool):
+    suite = make_suite(f"lcb:{LCB}", None, CFG)
+    total, pair, halves = suite.items(None, 0)
+    context = Context(pool=pool)
+    cases = [(total, SUM_OK), (total, SUM_WRONG), (pair, PAIR_OK), (halves, "```python\nprint(int(input()) // 2)\n```"),
+             (total, "no code"), (total, "```python\nwhile True:\n    pass\n```"), (halves, HALVES_OK)]
+    together = suite.score_batch([i for i, _ in cases], [r for _, r in cases], context)
+    alone = [suite.score(i, r, context) for i, r in cases]
+    assert [(s.value, s.solved) for s in together] == [(s.value, s.solved) for s in alone]
+    assert [s.solved for s in together] == [True, False, True, False, False, False, True]
+    assert together[5].details["stopped"]["timed_out"] and pool.stats()["live"] == 0
+
+
 def test_lcb_item_time_limit_is_kept_by_the_sandboxed_program(pool):
     suite = make_suite(f"lcb:{LCB}", None, CFG)
     total = suite.items(None, 0)[0]

@@ -134,9 +134,14 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                     temperature=settings.temperature, top_p=settings.top_p,
                     seed=derive_seed(cfg.seed, suite.name, sample, start),
                 )
-                for i, completion in zip(batch, completions):
-                    scores[i].append(suite.score(items[i], completion.text, context))
-                    outputs[i].append(completion.text)
+                replies = [completion.text for completion in completions]
+                if hasattr(suite, "score_batch"):
+                    batch_scores = suite.score_batch([items[i] for i in batch], replies, context)
+                else:
+                    batch_scores = [suite.score(items[i], reply, context) for i, reply in zip(batch, replies)]
+                for i, reply, score in zip(batch, replies, batch_scores):
+                    scores[i].append(score)
+                    outputs[i].append(reply)
                 bar.update(len(batch))
             for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
                 group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]

@@ -556,68 +556,131 @@ class LiveCodeBenchSuite:
                 for p in (self.problems[i] for i in spread([p["difficulty"] for p in self.problems], limit, seed, "lcb"))]
 
     def score(self, item: Item, reply, context: Context) -> Score:
-        if not isinstance(reply, str):
-            raise TypeError(f"{self.name} scores chat replies, got {type(reply).__name__}")
+        return self.score_batch([item], [reply], context)[0]
+
+    def score_batch(self, items, replies, context: Context) -> list[Score]:
+        """Scores many replies at once: their solutions run side by side on the pool's workers."""
         if context.pool is None:
             raise ValueError(f"{self.name} runs solutions in the sandbox: Context.pool must be a SandboxPool")
-        tests = load_tests(item.reference["file"], item.reference["offset"])
-        code = extract_python(reply)
-        if code is None:
-            return _failed(len(tests), "no ```python code block in the reply")
-        try:
-            prepared = prepare_code(code)
-        except SyntaxError as err:
-            return _failed(len(tests), f"syntax error at line {err.lineno}: {err.msg}")
-        except (ValueError, RecursionError, MemoryError) as err:
-            return _failed(len(tests), f"cannot parse the code: {type(err).__name__}: {err}"[:300])
-        return run_tests(context.pool, prepared, item.reference["func_name"], tests, self.time_limit_s)
+        scores: list[Score | None] = []
+        runnable = []  # (index in scores, (code, func_name, tests))
+        for item, reply in zip(items, replies):
+            if not isinstance(reply, str):
+                raise TypeError(f"{self.name} scores chat replies, got {type(reply).__name__}")
+            tests = load_tests(item.reference["file"], item.reference["offset"])
+            prepared = _prepared(reply, len(tests))
+            if isinstance(prepared, Score):
+                scores.append(prepared)
+            else:
+                runnable.append((len(scores), (prepared, item.reference["func_name"], tests)))
+                scores.append(None)
+        ran = run_tests_batch(context.pool, [solution for _, solution in runnable], self.time_limit_s)
+        for (index, _), score in zip(runnable, ran):
+            scores[index] = score
+        return scores
+
+
+def _prepared(reply: str, total: int) -> str | Score:
+    """The reply's code ready to run, or the failing score when there is none to run."""
+    code = extract_python(reply)
+    if code is None:
+        return _failed(total, "no ```python code block in the reply")
+    try:
+        return prepare_code(code)
+    except SyntaxError as err:
+        return _failed(total, f"syntax error at line {err.lineno}: {err.msg}")
+    except (ValueError, RecursionError, MemoryError) as err:
+        return _failed(total, f"cannot parse the code: {type(err).__name__}: {err}"[:300])
 
 
 def _failed(total: int, why: str) -> Score:
     return Score(0.0, False, {"passed": 0, "total": total, "error": why})
 
 
+@dataclasses.dataclass
+class _Run:
+    """One solution's progress through its tests (`run_tests_batch`)."""
+
+    tests: list
+    functional: bool
+    episode_id: int | None = None
+    next_test: int = 0
+    passed: int = 0
+    failure: dict | None = None
+    stopped: dict | None = None
+    result: Score | None = None
+
+    def score(self) -> Score:
+        if self.result is not None:
+            return self.result
+        details = {"passed": self.passed, "total": len(self.tests)}
+        if self.failure or self.stopped:
+            details["first_failure"] = self.failure or self.stopped
+        if self.stopped:
+            details["stopped"] = self.stopped
+        total = len(self.tests)
+        return Score(self.passed / total if total else 0.0, bool(total) and self.passed == total, details)
+
+
 def run_tests(pool, code: str, func_name: str | None, tests, time_limit_s: float = ITEM_TIME_LIMIT_S) -> Score:
     """Runs ``code`` against ``tests`` ((input, expected output) pairs) in one sandbox episode."""
+    return run_tests_batch(pool, [(code, func_name, tests)], time_limit_s)[0]
+
+
+def run_tests_batch(pool, solutions, time_limit_s: float = ITEM_TIME_LIMIT_S) -> list[Score]:
+    """Runs each ``(code, func_name, tests)`` in its own sandbox episode, all at once: one start
+    call, then one step call per round with the next test of every solution still running, so
+    the pool's workers run solutions side by side (at most the pool's live-episode limit at a
+    time). Scores in input order."""
     from spade_jax.sandbox import EpisodeSpec
 
     config = pool.config
     value_limit = max(1000, min(60000, config.max_observation_chars - 2000))
     time_limit_s = min(time_limit_s, config.episode_time_s)
-    spec = EpisodeSpec(program=program_for(code, func_name), seed=0, turn_limit=len(tests) + 1,
-                       env_kwargs={"value_limit": value_limit, "time_limit_s": time_limit_s})
-    (start,) = pool.start([spec])
-    passed, failure, stopped = 0, None, None
-    try:
-        ready = _json(start.observation) if start.ok else None
-        if not start.ok or not ready.get("ready"):
-            why = start.error if not start.ok else ready.get("error")
-            return Score(0.0, False, {"passed": 0, "total": len(tests), "error": f"did not load: {why}"[:500],
-                                      "timed_out": start.timed_out})
-        for index, (given, expected) in enumerate(tests):
-            (result,) = pool.step([start.episode_id], [json.dumps({"input": given})])
-            if not result.ok:  # the worker is gone: the remaining tests are not run
-                stopped = {"test": index, "error": ("timed out: " if result.timed_out else "") +
-                           (result.error or "")[:300], "timed_out": result.timed_out}
-                break
-            verdict = _json(result.observation)
-            if verdict.get("stopped"):
-                stopped = {"test": index, "error": f"item time limit of {time_limit_s:g} s reached"}
-                break
-            why = _mismatch(verdict, expected, func_name is not None)
-            if why is None:
-                passed += 1
-            elif failure is None:
-                got = verdict.get("preview", verdict.get("value", ""))
-                failure = {"test": index, "error": why, "got": str(got)[:200]}
-    finally:
-        pool.close([start.episode_id])
-    details = {"passed": passed, "total": len(tests)}
-    if failure or stopped:
-        details["first_failure"] = failure or stopped
-    if stopped:
-        details["stopped"] = stopped
-    return Score(passed / len(tests) if tests else 0.0, bool(tests) and passed == len(tests), details)
+    runs = [_Run(list(tests), func_name is not None) for _, func_name, tests in solutions]
+    chunk = max(1, config.max_live_episodes)
+    for first in range(0, len(runs), chunk):
+        part = runs[first:first + chunk]
+        specs = [EpisodeSpec(program=program_for(code, func_name), seed=0, turn_limit=len(tests) + 1,
+                             env_kwargs={"value_limit": value_limit, "time_limit_s": time_limit_s})
+                 for code, func_name, tests in solutions[first:first + chunk]]
+        starts = pool.start(specs)
+        try:
+            for run, start in zip(part, starts):
+                run.episode_id = start.episode_id
+                ready = _json(start.observation) if start.ok else {}
+                if not start.ok or not ready.get("ready"):
+                    why = start.error if not start.ok else ready.get("error")
+                    run.result = Score(0.0, False, {"passed": 0, "total": len(run.tests),
+                                                    "error": f"did not load: {why}"[:500], "timed_out": start.timed_out})
+            while live := [r for r in part if r.result is None and r.stopped is None and r.next_test < len(r.tests)]:
+                results = pool.step([r.episode_id for r in live],
+                                    [json.dumps({"input": r.tests[r.next_test][0]}) for r in live])
+                for run, result in zip(live, results):
+                    _record(run, result, time_limit_s)
+        finally:
+            pool.close([r.episode_id for r in part if r.episode_id is not None])
+    return [run.score() for run in runs]
+
+
+def _record(run: _Run, result, time_limit_s: float) -> None:
+    """Folds one test's step result into ``run``."""
+    index = run.next_test
+    run.next_test += 1
+    if not result.ok:  # the worker is gone: the remaining tests are not run
+        run.stopped = {"test": index, "error": ("timed out: " if result.timed_out else "") + (result.error or "")[:300],
+                       "timed_out": result.timed_out}
+        return
+    verdict = _json(result.observation)
+    if verdict.get("stopped"):
+        run.stopped = {"test": index, "error": f"item time limit of {time_limit_s:g} s reached"}
+        return
+    why = _mismatch(verdict, run.tests[index][1], run.functional)
+    if why is None:
+        run.passed += 1
+    elif run.failure is None:
+        got = verdict.get("preview", verdict.get("value", ""))
+        run.failure = {"test": index, "error": why, "got": str(got)[:200]}
 
 
 def _json(text: str) -> dict:
