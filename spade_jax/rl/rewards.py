@@ -90,12 +90,11 @@ def micro_lp(rewards, iterations) -> float:
     if len(iterations) != r.size:
         raise ValueError(f"need one iteration per reward: {r.size} rewards, {len(iterations)} iterations")
     known = np.array([i is not None for i in iterations], dtype=bool)
-    its = np.array([i for i in iterations if i is not None], dtype=np.int64)
+    r, its = r[known], np.array([i for i in iterations if i is not None], dtype=np.int64)
     offsets = np.unique(its)
     if offsets.size < 2:
         return 0.0
     late = its >= offsets[offsets.size // 2]
-    r = r[known]
     return max(0.0, float(r[late].mean()) - float(r[~late].mean()))
 
 
