@@ -186,10 +186,25 @@ def test_the_gallery_plots_held_out_scores_when_a_run_has_them(tmp_path):
     from spade_jax.selfplay import plots
 
     rows = [{"iteration": 0, "eval/envs-x/score": 0.5, "eval/envs-x/arithmetic/score": 0.25}, {"iteration": 1}]
-    assert plots.eval_plot([{"iteration": 0, "train/loss": 1.0}]) is None
-    assert plots.eval_plot(rows).series == (("eval/envs-x/score", "envs-x"),)
+    assert plots.family_plots([{"iteration": 0, "train/loss": 1.0}]) == ()
+    (scores,) = plots.family_plots(rows)
+    assert scores.name == "eval_scores" and scores.series == (("eval/envs-x/score", "envs-x"),)
     written = dict((plot.name, name) for plot, name in plots.write_plots(rows, tmp_path))
     assert (tmp_path / written["eval_scores"]).stat().st_size > 0
+
+
+def test_the_gallery_plots_rejections_by_stage_and_skills_when_a_run_has_them(tmp_path):
+    from spade_jax.selfplay import plots
+
+    rows = [{"iteration": 0, "designer/rejected/load": 2, "designer/rejected/novelty": 1,
+             "skill/optimization/plain_win_rate": 0.5, "skill/optimization/regret": 0.1,
+             "skill/memory_recall/plain_win_rate": 0.0}]
+    found = {plot.name: plot for plot in plots.family_plots(rows)}
+    assert found["rejections"].stacked and [label for _, label in found["rejections"].series] == ["load", "novelty"]
+    assert [label for _, label in found["skill_win_rate"].series] == ["memory_recall", "optimization"]
+    assert [label for _, label in found["skill_regret"].series] == ["optimization"]
+    written = dict((plot.name, name) for plot, name in plots.write_plots(rows, tmp_path))
+    assert all((tmp_path / written[name]).stat().st_size > 0 for name in found)
 
 
 def test_episode_progress_counts_every_episode_failed_starts_included(policy):

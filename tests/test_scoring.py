@@ -47,6 +47,8 @@ def test_agent_metrics_and_sequences():
     metrics = scoring.agent_metrics(trajectories, stats)
     assert metrics["agent/plain_win_rate"] == 0.5 and metrics["agent/hinted_win_rate"] == 1.0
     assert metrics["env/regret_mean"] == 0.5 and metrics["agent/episodes"] == 4
+    assert metrics["env/gap_mean"] == 0.5
+
     sequences = scoring.agent_sequences(trajectories, stats, train_hinted=False, regret_weighting=False,
                                         regret_temperature=1.0, weight=2.0)
     # plain plays only, advantages centred over the environment's plain rewards (1, 0) and scaled
@@ -147,3 +149,18 @@ def test_derive_seed_is_a_seed_sequence_of_its_parts():
 
     assert derive_seed(0, 3, 1) == int(np.random.SeedSequence([0, 3, 1]).generate_state(1)[0])
     assert derive_seed(0, "aime", 0) == derive_seed(0, "aime", 0) != derive_seed(0, "gpqa", 0)
+
+
+def test_agent_metrics_per_skill_and_for_new_and_replayed_environments():
+    envs = [_env("a", [(1, 1.0), (2, 0.0)], [(1, 0.0), (2, 0.0)], skill="logical deduction"),  # gap -0.5
+            _env("b", [(3, 0.0), (4, 0.0)], [(3, 1.0), (4, 1.0)], skill="pattern recognition")]  # gap +1
+    envs[1].is_replay = True
+    trajectories = [_trajectory(0, 1, 1.0, False), _trajectory(0, 2, 0.0, False), _trajectory(1, 3, 0.0, False),
+                    _trajectory(1, 4, 0.0, False), _trajectory(0, 1, 0.0, True), _trajectory(1, 3, 1.0, True)]
+    metrics = scoring.agent_metrics(trajectories, scoring.env_statistics(envs), envs)
+    assert metrics["env/gap_mean"] == pytest.approx(0.25) and metrics["env/regret_mean"] == 0.5
+    assert metrics["skill/logical_deduction/plain_win_rate"] == 0.5 and metrics["skill/logical_deduction/regret"] == 0.0
+    assert metrics["skill/pattern_recognition/plain_win_rate"] == 0.0
+    assert metrics["skill/pattern_recognition/regret"] == 1.0
+    assert (metrics["env/new"], metrics["env/replayed"]) == (1, 1)
+    assert metrics["agent/new_plain_win_rate"] == 0.5 and metrics["agent/replayed_plain_win_rate"] == 0.0

@@ -148,8 +148,12 @@ def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokeniz
     finally:
         run.close()
     (metrics,) = history
-    # designer prompts built, programs sampled and judged
+    # designer prompts built, programs sampled and judged; every rejection counted at its stage
     assert metrics["designer/proposed"] == 2
+    rejected = sum(v for k, v in metrics.items() if k.startswith("designer/rejected/"))
+    assert rejected == 2 - metrics["designer/admitted"]
+    # the replayed seed environments: per skill and apart from new designs
+    assert metrics["env/replayed"] == 2 and any(k.startswith("skill/") for k in metrics)
     # agent episodes: 2 replayed seed environments x (2 plain + 2 hinted)
     assert metrics["agent/episodes"] == 8
     # one update applied over designer and agent tokens

@@ -62,8 +62,9 @@ class EnvStats:
 
     win_rate, mean_plain and mean_abs_advantage are over all plain episodes, mean_hinted
     and hinted_win_rate over all hinted ones (NaN when there are none); regret is over
-    the matched plays only (see `env_stats`) and is 0 without hinted episodes; micro_lp is
-    `micro_lp` of the plain episodes (0 when their iterations are unknown).
+    the matched plays only (see `env_stats`) and is 0 without hinted episodes; gap is the
+    same difference unclipped (NaN without matched plays: how often a hint hurts shows here);
+    micro_lp is `micro_lp` of the plain episodes (0 when their iterations are unknown).
     """
 
     n_plain: int
@@ -75,6 +76,7 @@ class EnvStats:
     regret: float
     mean_abs_advantage: float
     micro_lp: float = 0.0
+    gap: float = float("nan")
 
 
 def micro_lp(rewards, iterations) -> float:
@@ -116,7 +118,7 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
     if (plain_seeds is None) != (hinted_seeds is None):
         raise ValueError("give both plain_seeds and hinted_seeds, or neither")
     mean_plain = float(plain.mean())
-    regret = 0.0
+    gap = float("nan")
     if hinted.size:
         p_match, h_match = plain, hinted
         if plain_seeds is not None:
@@ -125,7 +127,7 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
                 raise ValueError("seeds must have one entry per episode reward")
             p_match, h_match = plain[np.isin(ps, hs)], hinted[np.isin(hs, ps)]
         if p_match.size and h_match.size:
-            regret = max(0.0, float(h_match.mean()) - float(p_match.mean()))
+            gap = float(h_match.mean()) - float(p_match.mean())
     return EnvStats(
         n_plain=int(plain.size),
         n_hinted=int(hinted.size),
@@ -133,9 +135,10 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
         mean_plain=mean_plain,
         mean_hinted=float(hinted.mean()) if hinted.size else float("nan"),
         hinted_win_rate=float(wins(hinted).mean()) if hinted.size else float("nan"),
-        regret=regret,
+        regret=max(0.0, gap) if np.isfinite(gap) else 0.0,
         mean_abs_advantage=float(np.abs(plain - mean_plain).mean()),
         micro_lp=micro_lp(plain, plain_iterations) if plain_iterations is not None else 0.0,
+        gap=gap,
     )
 
 

@@ -37,6 +37,7 @@ from spade_jax.evals import runner as eval_runner
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
 from spade_jax.sandbox import SandboxPool
+from spade_jax.sandbox.admission import STAGES
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import scoring
@@ -296,6 +297,8 @@ class SelfPlay:
         metrics["designer/proposed"] = len(designs)
         metrics["designer/admitted"] = sum(d.admitted for d in designs)
         metrics["designer/admission_rate"] = metrics["designer/admitted"] / max(len(designs), 1)
+        for stage in STAGES:
+            metrics[f"designer/rejected/{stage}"] = sum(not d.admitted and d.report.stage == stage for d in designs)
         return designs
 
     def _replays(self, it: int) -> list[PoolEnv]:
@@ -376,7 +379,7 @@ class SelfPlay:
             env = envs[t.request.env_key]
             (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
         stats = scoring.env_statistics(envs)
-        metrics.update(scoring.agent_metrics(trajectories, stats))
+        metrics.update(scoring.agent_metrics(trajectories, stats, envs))
         agent_sequences = scoring.agent_sequences(
             trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
             regret_temperature=cfg.agent.regret_temperature, weight=cfg.rl.agent_weight,
@@ -393,6 +396,7 @@ class SelfPlay:
         if due:
             metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
             metrics["designer/reward_scale"] = designer.scale
+            metrics["designer/nonzero_advantage"] = sum(abs(s.advantage) > 1e-12 for s in designer.sequences)
         return stats, agent_sequences, designer
 
     def _evaluate(self, step: int) -> dict[str, float]:

@@ -32,7 +32,8 @@ class Plot:
 PLOTS: tuple[Plot, ...] = (
     Plot("admission_rate", "Admission rate (admitted / proposed)",
          (("designer/admission_rate", "admission rate"),), ylim=(0.0, 1.0)),
-    Plot("regret", "Mean regret (hinted - plain reward)", (("env/regret_mean", "regret"),)),
+    Plot("regret", "Mean regret (hinted - plain reward)",
+         (("env/regret_mean", "regret"), ("env/gap_mean", "gap, unclipped"))),
     Plot("designer_reward", "Designer reward", (("designer/reward_mean", "designer reward"),)),
     Plot("win_rate", "Agent win rate",
          (("agent/plain_win_rate", "plain"), ("agent/hinted_win_rate", "hinted")), ylim=(0.0, 1.0)),
@@ -105,23 +106,33 @@ def _draw(plot: Plot, rows: Sequence[dict], path: pathlib.Path) -> None:
     os.replace(tmp, path)
 
 
-def eval_plot(rows: Sequence[dict]) -> Plot | None:
-    """The held-out suites' mean scores (``eval/<suite>/score``), when the run evaluates any."""
-    keys = sorted({k for row in rows for k in row if k.startswith("eval/") and k.count("/") == 2
-                   and k.endswith("/score")})
+def family_plot(rows: Sequence[dict], name: str, title: str, prefix: str, suffix: str = "", **kwargs) -> Plot | None:
+    """One series per metric ``<prefix><member><suffix>`` the rows hold (labelled by the member),
+    or None when they hold none."""
+    keys = sorted({k for row in rows for k in row if k.startswith(prefix) and k.endswith(suffix)
+                   and "/" not in k[len(prefix):len(k) - len(suffix)]})
     if not keys:
         return None
-    return Plot("eval_scores", "Held-out evaluation (mean score)", tuple((k, k.split("/")[1]) for k in keys),
-                ylim=(0.0, 1.0))
+    return Plot(name, title, tuple((k, k[len(prefix):len(k) - len(suffix)]) for k in keys), **kwargs)
+
+
+def family_plots(rows: Sequence[dict]) -> tuple[Plot, ...]:
+    """The plots whose series depend on the run: held-out suites, skills, rejection stages."""
+    plots = (
+        family_plot(rows, "eval_scores", "Held-out evaluation (mean score)", "eval/", "/score", ylim=(0.0, 1.0)),
+        family_plot(rows, "rejections", "Designs rejected, by admission stage", "designer/rejected/", stacked=True),
+        family_plot(rows, "skill_win_rate", "Plain win rate per skill", "skill/", "/plain_win_rate", ylim=(0.0, 1.0)),
+        family_plot(rows, "skill_regret", "Regret per skill", "skill/", "/regret"),
+    )
+    return tuple(plot for plot in plots if plot is not None)
 
 
 def write_plots(rows: Sequence[dict], plots_dir: str | os.PathLike) -> list[tuple[Plot, str]]:
-    """Draw every plot of ``PLOTS`` (and `eval_plot`) from metric rows; returns (plot, file name) pairs."""
+    """Draw every plot of ``PLOTS`` and `family_plots` from metric rows; returns (plot, file name) pairs."""
     plots_dir = pathlib.Path(plots_dir)
     plots_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    extra = eval_plot(rows)
-    for plot in PLOTS + ((extra,) if extra else ()):
+    for plot in PLOTS + family_plots(rows):
         name = f"{plot.name}.png"
         _draw(plot, rows, plots_dir / name)
         written.append((plot, name))

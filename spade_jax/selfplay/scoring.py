@@ -47,18 +47,37 @@ def env_statistics(envs: Sequence[PoolEnv]) -> list[rew_lib.EnvStats | None]:
     ]
 
 
-def agent_metrics(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None]) -> dict[str, float]:
-    """Episode counts, plain and hinted win rates and mean rewards, and the mean regret."""
+def agent_metrics(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None],
+                  envs: Sequence[PoolEnv] = ()) -> dict[str, float]:
+    """Episode counts, plain and hinted win rates and mean rewards, the mean regret and the mean
+    unclipped hinted - plain gap; with ``envs`` (``envs[k]`` played ``request.env_key == k``)
+    also plain win rate and regret per skill (``skill/<skill>/...``) and apart for the
+    environments designed this period and those replayed from memory."""
     plain = [t for t in trajectories if not t.hinted]
     hinted = [t for t in trajectories if t.hinted]
-    return {
+    metrics = {
         "agent/episodes": len(trajectories),
         "agent/plain_win_rate": _mean([t.won for t in plain]),
         "agent/hinted_win_rate": _mean([t.won for t in hinted]),
         "agent/plain_reward_mean": _mean([t.reward for t in plain]),
         "agent/hinted_reward_mean": _mean([t.reward for t in hinted]),
         "env/regret_mean": _mean([s.regret for s in stats if s is not None]),
+        "env/gap_mean": _mean([s.gap for s in stats if s is not None and math.isfinite(s.gap)]),
     }
+    if not envs:
+        return metrics
+    for name, keep in (("new", lambda e: not e.is_replay), ("replayed", lambda e: e.is_replay)):
+        metrics[f"env/{name}"] = sum(keep(e) for e, s in zip(envs, stats) if s is not None)
+        played = [t.won for t in plain if keep(envs[t.request.env_key])]
+        if played:
+            metrics[f"agent/{name}_plain_win_rate"] = _mean(played)
+    for skill in sorted({e.skill for e in envs if e.skill}):
+        key = "skill/" + "_".join(skill.split())
+        mine = [k for k, e in enumerate(envs) if e.skill == skill and stats[k] is not None]
+        if mine:
+            metrics[f"{key}/plain_win_rate"] = _mean([t.won for t in plain if t.request.env_key in mine])
+            metrics[f"{key}/regret"] = _mean([stats[k].regret for k in mine])
+    return metrics
 
 
 def agent_sequences(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None], *,
