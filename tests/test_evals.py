@@ -16,7 +16,7 @@ from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory, play_episod
 from spade_jax.envs import library
 from spade_jax.evals import runner
 from spade_jax.evals.registry import make_suite, registered
-from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, spread, stable_seed
+from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread, stable_seed
 from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.evals.suites.envs import EnvironmentSuite
 from spade_jax.selfplay import config as config_lib
@@ -95,6 +95,17 @@ def test_envs_suite_admits_with_the_runs_admission_config(heldout):
     assert len(suite.notes) == 3 and all("not admitted" in note for note in suite.notes)
 
 
+def test_envs_suite_takes_a_list_of_program_files(heldout):
+    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'},{heldout / 'broken.py'}", episodes_per_env=2)
+    (spec,) = cfg.specs
+    suite = make_suite(spec, None, cfg)
+    items = suite.items(None, 0)
+    assert suite.name == "envs-tallest+broken" and {i.group for i in items} == {"tallest"} and len(items) == 2
+    assert suite.notes == ["broken.py: not admitted (" + suite.notes[0].split("(", 1)[1]]
+    with pytest.raises(SuiteUnavailable, match="nope.py"):
+        make_suite(f"envs:{heldout / 'nope.py'}", None, cfg)
+
+
 def test_the_eval_config_carries_the_runs_admission_and_sandbox():
     c = config_lib.base_config()
     c.admission.max_code_chars = 1234
@@ -136,7 +147,7 @@ def test_a_suite_that_cannot_run_says_why_and_the_others_run(heldout, policy, tm
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
         results = runner.run_suites(policy, pool, cfg, AgentConfig(max_turns=1, max_new_tokens=4), tmp_path,
                                     progress=False)
-    assert results[0].summary is None and "is not a directory" in results[0].unavailable
+    assert results[0].summary is None and "not a directory" in results[0].unavailable
     assert results[1].summary["items"] == 1
     assert "skipped" in capsys.readouterr().out
     assert "skipped" in runner.table(results) and f"| envs:{heldout} | 1 |" in runner.table(results)

@@ -1,7 +1,9 @@
 """Environment directories (`envs:PATH`): every program in PATH that passes admission, played plain.
 
-This is how the learning study scores held-out environment families and how a user scores
-any set of environments they write: each ``*.py`` in the directory goes through the
+PATH is a directory (its ``*.py``) or a comma-separated list of program files
+(``envs:lib/tallest.py,lib/shopping.py``: a held-out part of a library). This is how the
+learning study scores held-out environment families and how a user scores any set of
+environments they write: each program goes through the
 sandbox's admission stages (parse, load, contract, determinism, not trivial, feasibility;
 no archive, so novelty passes) under the run's admission config and sandbox
 (``EvalConfig.admission``); each admitted program is played ``eval.episodes_per_env``
@@ -25,21 +27,16 @@ from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 @dataclasses.dataclass
 class EnvironmentSuite:
-    directory: Path
+    name: str
+    paths: list[Path]
     settings: GenerationSettings
     episodes_per_env: int
     max_turns: int
     admission: AdmissionConfig
     notes: list = dataclasses.field(default_factory=list)
 
-    @property
-    def name(self) -> str:
-        return f"envs-{self.directory.name}"
-
     def items(self, limit, seed):
-        paths = sorted(self.directory.glob("*.py"))
-        if not paths:
-            raise SuiteUnavailable(f"{self.directory} holds no *.py environment programs")
+        paths = self.paths
         sources = [p.read_text(encoding="utf-8") for p in paths]
         reports = admit_batch(sources, dataclasses.replace(self.admission, batch_novelty=False), seed=seed)
         self.notes = [f"{p.name}: not admitted ({r.stage}: {r.reason})" for p, r in zip(paths, reports) if not r.admitted]
@@ -60,11 +57,21 @@ class EnvironmentSuite:
 
 @register("envs", GenerationSettings(temperature=0.0, max_new_tokens=256))
 def make(argument: str, settings: GenerationSettings, eval_config) -> EnvironmentSuite:
-    """Environment programs of a directory, played plain (win rate, mean reward)."""
+    """Environment programs of a directory or a list of files, played plain (win rate, mean reward)."""
     if not argument:
-        raise SuiteUnavailable("envs needs a directory: --suites=envs:PATH (PATH holds *.py environment programs)")
-    directory = Path(argument).expanduser()
-    if not directory.is_dir():
-        raise SuiteUnavailable(f"{directory} is not a directory of environment programs")
-    return EnvironmentSuite(directory, settings, eval_config.episodes_per_env, eval_config.max_turns,
+        raise SuiteUnavailable("envs needs a directory or files: --suites=envs:PATH (PATH holds *.py environment "
+                               "programs) or envs:FILE.py,FILE.py")
+    given = [Path(part).expanduser() for part in argument.split(",") if part]
+    if len(given) == 1 and given[0].is_dir():
+        paths = sorted(given[0].glob("*.py"))
+        if not paths:
+            raise SuiteUnavailable(f"{given[0]} holds no *.py environment programs")
+        name = f"envs-{given[0].name}"
+    else:
+        missing = [str(p) for p in given if not p.is_file()]
+        if missing:
+            raise SuiteUnavailable(f"{', '.join(missing)}: not a directory of environment programs nor a program file")
+        paths = given
+        name = "envs-" + "+".join(p.stem for p in paths) if len(paths) <= 3 else f"envs-{len(paths)}-programs"
+    return EnvironmentSuite(name, paths, settings, eval_config.episodes_per_env, eval_config.max_turns,
                             eval_config.admission or AdmissionConfig())
