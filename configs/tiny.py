@@ -20,6 +20,7 @@ Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
 import dataclasses
 
 from spade_jax.bootstrap import BootstrapConfig
+from spade_jax.envs import library
 from spade_jax.selfplay.config import base_config, parse_arg, section
 
 # The minute-sized bootstrap of `runlocal`: enough to exercise every stage, not to design.
@@ -62,6 +63,12 @@ def get_config(arg=None):
     c.rl.micro_batch_rows = 8  # bounds activation memory; divisible by 1, 2, 4 and 8 devices
     c.sandbox.num_workers = 2
 
+    # Held out: the seed programs the bootstrap does not render stay out of memory (never replayed,
+    # never a novelty reference) and are scored, greedy, every 5 iterations.
+    c.memory.heldout = tuple(env.name for env in library.SEED_ENVS if env.name not in boot.envs)
+    c.eval.suites = "envs:" + ",".join(str(library.source_path(name)) for name in c.memory.heldout)
+    c.eval.every = 5
+
     if arg.runlocal:
         c.num_iterations = 2
         c.designer.num_slots = 2
@@ -74,4 +81,5 @@ def get_config(arg=None):
         c.rl.row_length = 2048
         c.rl.micro_batch_rows = 0
         c.log.progress = False
+        c.eval.every = 0
     return c

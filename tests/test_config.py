@@ -43,6 +43,7 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.agent, "context_budget", 16), "agent.context_budget"),
         (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
         (lambda c: setattr(c.designer, "reward_delay", 0), "designer.reward_delay"),
+        (lambda c: setattr(c.memory, "heldout", ("chess",)), "memory.heldout"),
         (lambda c: setattr(c.designer.prompt, "doc_max_words", 0), "doc_max_words"),
         (lambda c: setattr(c.hints, "mode", "psychic"), "hints"),
         (lambda c: setattr(c.bootstrap, "rows", 6), "bootstrap"),
@@ -139,3 +140,14 @@ def test_reward_delay_counts_iterations_of_play_as_the_reference_does(period, de
     else:
         with pytest.raises(ValueError, match=r"designer\.reward_delay"):
             validate(config, num_devices=2)
+
+
+def test_tiny_holds_out_the_seed_programs_its_bootstrap_does_not_render():
+    from spade_jax.envs import library
+    from spade_jax.selfplay import config as config_lib
+
+    config = _preset("tiny")
+    rendered = set(config.bootstrap.envs)
+    assert set(config.memory.heldout) == {e.name for e in library.SEED_ENVS} - rendered and config.eval.every == 5
+    (spec,) = config_lib.eval_config(config).specs
+    assert spec.startswith("envs:") and {p.rsplit("/", 1)[1][:-3] for p in spec[5:].split(",")} == set(config.memory.heldout)

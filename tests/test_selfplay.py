@@ -379,3 +379,16 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
     else:
         assert len(prompts) == 2 and metrics["train/designer_tokens"] > 0
         assert all("reference_document" not in p and "designed before" not in p for p in prompts)
+
+
+def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):
+    c = tiny_selfplay_config()
+    c.memory.heldout = ("tallest", "shopping")
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        names = {r.env_id for r in run.memory.records()}
+    finally:
+        run.close()
+    assert len(names) == 15 and not any("tallest" in n or "shopping" in n for n in names), names

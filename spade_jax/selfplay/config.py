@@ -27,7 +27,7 @@ from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.prompts import PromptConfig
 from spade_jax.designer.review import ReviewConfig
 from spade_jax.designer.rollout import DesignerConfig
-from spade_jax.envs.library import SKILLS
+from spade_jax.envs.library import SEED_ENVS, SKILLS
 from spade_jax.evals.registry import registered
 from spade_jax.evals.runner import EvalConfig
 from spade_jax.evals.suite import GenerationSettings
@@ -138,8 +138,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.admission = section(AdmissionConfig, exclude=("max_turns", "sandbox"))
     c.sandbox = section(SandboxConfig)
     # `enabled=False`: designer prompts without exemplars, novelty against the batch only (no-memory
-    # ablation); the memory still records environments, which the agent replays.
-    c.memory = section(EnvironmentMemory, seed_library=True, enabled=True)
+    # ablation); the memory still records environments, which the agent replays. `heldout`: seed
+    # programs left out of memory (never replayed, shown or compared against: kept for evaluation).
+    c.memory = section(EnvironmentMemory, seed_library=True, enabled=True, heldout=())
     c.hints = section(HintConfig)
     c.agent = section(
         AgentConfig,
@@ -273,6 +274,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     known = math.prod(s for s in shape if s != -1)
     if (-1 in shape and num_devices % known) or (-1 not in shape and known != num_devices):
         _fail("mesh.shape", f"{shape} does not fit the {num_devices} available devices")
+    unknown_envs = sorted(set(c.memory.heldout) - {env.name for env in SEED_ENVS})
+    if unknown_envs:
+        _fail("memory.heldout", f"unknown seed programs {unknown_envs}; choose from {[e.name for e in SEED_ENVS]}")
     unknown = sorted(set(c.designer.skills) - set(SKILLS))
     if unknown:
         _fail("designer.skills", f"unknown skills {unknown}; choose from {list(SKILLS)}")

@@ -80,7 +80,7 @@ class SelfPlay:
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
         self.memory = config_lib.memory(config)
         if config.memory.seed_library:
-            for seed_env in library.SEED_ENVS:
+            for seed_env in (e for e in library.SEED_ENVS if e.name not in config.memory.heldout):
                 self.memory.add_seed(library.load_source(seed_env.name), seed_env.skill, name=seed_env.name)
         self.corpus = Corpus.from_config(config_lib.corpus_config(config)) if config.corpus.enabled else None
         self.state = LoopState()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import pathlib
 import re
 
 SKILLS: tuple[str, ...] = (
@@ -117,6 +118,11 @@ def load_source(name: str) -> str:
     return importlib.resources.files(__name__).joinpath(get(name).filename).read_text(encoding="utf-8")
 
 
+def source_path(name: str) -> pathlib.Path:
+    """The file holding ``name``'s program (for tools that take paths, like the `envs` suite)."""
+    return pathlib.Path(__file__).with_name(get(name).filename)
+
+
 def default_knobs(name: str) -> dict[str, int]:
     """The knob values written in the program file."""
     source = load_source(name)
@@ -141,4 +147,5 @@ def _knob_line(knob: str) -> re.Pattern:
     return re.compile(rf"^({knob} = )(-?\d+)", re.MULTILINE)
 
 
-__all__ = ["SEED_ENVS", "SKILLS", "SeedEnv", "by_skill", "default_knobs", "get", "load_source", "render"]
+__all__ = ["SEED_ENVS", "SKILLS", "SeedEnv", "by_skill", "default_knobs", "get", "load_source", "render",
+           "source_path"]
