@@ -137,10 +137,23 @@ def tiny_selfplay_config():
     return c
 
 
+def _tiny_policy(c, tokenizer):
+    arch = ModelConfig(vocab_size=tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+    return random_policy(arch, tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+def _run_loop(c, workdir, tokenizer):
+    """Runs ``c`` on a tiny random policy; the metrics of every iteration and the closed run."""
+    run = loop.SelfPlay(c, str(workdir), policy=_tiny_policy(c, tokenizer))
+    try:
+        return run.run(), run
+    finally:
+        run.close()
+
+
 def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokenizer):
     c = tiny_selfplay_config()
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    policy = _tiny_policy(c, small_tokenizer)
     before = jax.tree.map(np.asarray, policy.model.embed_VD[...])
     run = loop.SelfPlay(c, str(tmp_path), policy=policy)
     try:
@@ -193,13 +206,7 @@ def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer
         return [(reply.startswith("yes"), reply)] * len(programs)
 
     monkeypatch.setattr(loop, "review", scripted_review)
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
-    try:
-        (metrics,) = run.run()
-    finally:
-        run.close()
+    (metrics,), run = _run_loop(c, tmp_path, small_tokenizer)
     (programs, transcripts), = calls
     assert len(programs) == 2 and all(t[1]["role"] == "user" for t in transcripts)
     assert metrics["designer/review_rejected"] == (0 if kept else 2)
@@ -297,9 +304,7 @@ def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_pa
                     for s, p in zip(samples, programs)]
 
         monkeypatch.setattr(loop, "admit_samples", admit_as_written)
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    run = loop.SelfPlay(c, str(tmp_path), policy=_tiny_policy(c, small_tokenizer))
     try:
         (metrics,) = run.run()
         assert run.pool.local.host_restarts == 0
@@ -329,13 +334,7 @@ def test_a_delayed_designer_reward_scores_the_designs_on_every_iteration_of_thei
     c.designer.regeneration_period, c.designer.reward_delay = 2, 2
     c.agent.replay_envs = 0
     monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
-    try:
-        first, second = run.run()
-    finally:
-        run.close()
+    (first, second), run = _run_loop(c, tmp_path, small_tokenizer)
     assert "designer/reward_mean" not in first and first["train/designer_tokens"] == 0  # not due yet
     assert first["agent/episodes"] == second["agent/episodes"] == 2 * 2 * 2  # the same pool, played again
     assert second["designer/reward_mean"] > -1.0 and second["train/designer_tokens"] > 0  # scored, not penalised
@@ -364,13 +363,7 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
         return designs
 
     monkeypatch.setattr(loop, "propose", recording_propose)
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
-    try:
-        (metrics,) = run.run()
-    finally:
-        run.close()
+    (metrics,), run = _run_loop(c, tmp_path, small_tokenizer)
     assert metrics["agent/episodes"] == 8 and metrics["train/tokens"] > 0  # 2 replays x (2 plain + 2 hinted)
     if switch == "no_designer":
         assert prompts == [] and "designer/proposed" not in metrics and metrics["train/designer_tokens"] == 0
@@ -384,9 +377,7 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
 def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):
     c = tiny_selfplay_config()
     c.memory.heldout = ("tallest", "shopping")
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    run = loop.SelfPlay(c, str(tmp_path), policy=_tiny_policy(c, small_tokenizer))
     try:
         names = {r.env_id for r in run.memory.records()}
     finally:
