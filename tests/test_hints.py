@@ -47,3 +47,37 @@ def test_placebo_hints_have_the_length_of_the_hint_they_replace_and_no_content(m
 def test_clean_hint_keeps_sentences_on_one_line():
     assert clean_hint("HINT: Add them.\nThen box it! Extra one. Too many.", 2) == "Add them. Then box it!"
     assert clean_hint("  \n ") is None
+
+
+def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_its_content(small_tokenizer):
+    import numpy as np
+
+    from spade_jax.agent import AgentConfig, play_episodes
+    from spade_jax.agent.rollout import HINT_SEPARATOR, solution_hint
+    from spade_jax.envs import library
+    from spade_jax.sampling import Generation, GenerationStats
+    from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
+
+    program = library.load_source("tallest")
+    ids = np.asarray(small_tokenizer.encode("\\boxed{1}"), np.int32)[None]
+
+    def sample(policy, prompts, **kwargs):
+        n = len(prompts)
+        return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
+                          lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),
+                          stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=1,
+                                                bucket=(n, 0, ids.shape[1])))
+
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer)
+    with SandboxPool(SandboxConfig(num_workers=1)) as pool:
+        real = matched_requests(0, program, [5], "solution")
+        fake = matched_requests(0, program, [5], "placebo", placebo_of="solution")
+        (_, informed), (_, placebo) = (play_episodes(policy, pool, r, AgentConfig(max_turns=1, context_budget=4096),
+                                                     sample=sample) for r in (real, fake))
+        (start,) = pool.start([EpisodeSpec(program=program, seed=5)])
+        (solution,) = pool.solution([start.episode_id])
+    hint = solution_hint(solution)
+    informed_hint = informed.messages[1]["content"].split(HINT_SEPARATOR)[1]
+    placebo_hint = placebo.messages[1]["content"].split(HINT_SEPARATOR)[1]
+    assert hint in informed.messages[1]["content"] and len(placebo_hint) == len(informed_hint)
+    assert placebo_hint.startswith("Read the task again") and hint not in placebo.messages[1]["content"]

@@ -8,10 +8,10 @@ Modes:
             `solution()` for its seed (see `rollout.solution_hint`). A deliberate
             deviation for tests and the tiny preset, whose bootstrap model cannot
             write hints; it can reveal the answer of one-step games.
-  placebo   the noise floor of regret: hints are written as in mode `self` (the same
-            sampler call), then each is replaced by neutral advice of the same length
-            (`placebo_hint`), so hinted plays differ from plain ones only by a prompt of the
-            same size that carries no information about the environment.
+  placebo   the noise floor of regret: the hints of mode `placebo_of` (`self`: written
+            by the same sampler call; `solution`: taken from `solution()`) each replaced by
+            neutral advice of the same length (`rollout.placebo_hint`), so hinted plays differ
+            from plain ones only by a prompt of the same size that carries no information.
   none      no hints: hinted plays equal plain plays and regret is 0.
 
 The environment source the policy reads in mode `self` is designer-written, so it enters
@@ -28,12 +28,11 @@ import re
 from typing import Sequence
 
 from spade_jax.agent.conversation import prompt_text
-from spade_jax.agent.rollout import EpisodeRequest
+from spade_jax.agent.rollout import EpisodeRequest, placebo_hint
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
 HINT_MODES = ("self", "solution", "placebo", "none")
-PLACEBO_TEXT = "Read the task again, take one step at a time, and answer in the format it asks for. "
 
 HINT_SYSTEM_PROMPT = "You write short hints for players of text environments."
 HINT_INSTRUCTIONS = (
@@ -46,10 +45,12 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 @dataclasses.dataclass(frozen=True)
 class HintConfig:
-    """How hints are had (`mode`, see the module docstring) and, in mode `self`, sampled:
+    """How hints are had (`mode`, and for mode `placebo` the mode whose hints it imitates,
+    `placebo_of`: see the module docstring) and, when written by the policy, sampled:
     the source shown is cut to `max_code_chars`, the reply to `max_sentences` sentences."""
 
     mode: str = "self"
+    placebo_of: str = "self"
     max_new_tokens: int = 96
     temperature: float = 0.7
     top_p: float = 1.0
@@ -60,6 +61,8 @@ class HintConfig:
     def __post_init__(self):
         if self.mode not in HINT_MODES:
             raise ValueError(f"hint mode {self.mode!r} is unknown; choose one of {HINT_MODES}")
+        if self.placebo_of not in ("self", "solution"):
+            raise ValueError(f"hints.placebo_of must be 'self' or 'solution', got {self.placebo_of!r}")
 
 
 def clean_hint(text: str, max_sentences: int = 3) -> str | None:
@@ -70,15 +73,10 @@ def clean_hint(text: str, max_sentences: int = 3) -> str | None:
     return " ".join(_SENTENCE_END.split(text)[:max_sentences])
 
 
-def placebo_hint(length: int) -> str:
-    """Neutral advice of ``length`` characters (`PLACEBO_TEXT` repeated), the same for every environment."""
-    return (PLACEBO_TEXT * (length // len(PLACEBO_TEXT) + 1))[:length]
-
-
 def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int = 0) -> list[str | None]:
     """One self-written hint per program (mode `self`), or its placebo of the same length (mode
-    `placebo`); None for other modes."""
-    if cfg.mode not in ("self", "placebo") or not programs:
+    `placebo` of `self`); None for other modes."""
+    if not (cfg.mode == "self" or (cfg.mode, cfg.placebo_of) == ("placebo", "self")) or not programs:
         return [None] * len(programs)
     chats = [
         [
@@ -97,12 +95,13 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
 
 
 def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str,
-                     hint: str | None = None) -> list[EpisodeRequest]:
+                     hint: str | None = None, placebo_of: str = "self") -> list[EpisodeRequest]:
     """The episodes that measure one environment's regret: one plain play per seed, then,
     unless ``mode`` is "none", one hinted play on each of the same seeds.
 
-    Modes "self" and "placebo" show ``hint`` (`write_hints`); mode "solution" has the
-    rollout take the first action of the environment's `solution()` for the seed.
+    Modes "self" and "placebo" (of "self") show ``hint`` (`write_hints`); mode "solution" has
+    the rollout take the first action of the environment's `solution()` for the seed, and
+    "placebo" of "solution" a placebo of that hint's length.
     """
     if mode not in HINT_MODES:
         raise ValueError(f"hint mode {mode!r} is unknown; choose one of {HINT_MODES}")
@@ -110,7 +109,9 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     if mode != "none":
         requests += [
             EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True,
-                           hint=hint if mode in ("self", "placebo") else None, hint_from_solution=mode == "solution")
+                           hint=hint if mode in ("self", "placebo") else None,
+                           hint_from_solution=mode == "solution" or (mode, placebo_of) == ("placebo", "solution"),
+                           placebo=(mode, placebo_of) == ("placebo", "solution"))
             for s in seeds
         ]
     return requests

@@ -58,7 +58,8 @@ class EpisodeRequest:
     A hinted episode gets `hint` appended to its first observation, or with
     `hint_from_solution` the first line of the environment's own `solution()` for this
     seed. It stays a hinted play when no hint text could be had (an empty self-written
-    hint), so the matched plain/hinted sets keep their sizes.
+    hint), so the matched plain/hinted sets keep their sizes. A `placebo` solution hint is
+    replaced by `placebo_hint` of its length.
     """
 
     env_key: int
@@ -67,6 +68,7 @@ class EpisodeRequest:
     hinted: bool = False
     hint: str | None = None
     hint_from_solution: bool = False
+    placebo: bool = False
 
 
 @dataclasses.dataclass
@@ -87,6 +89,14 @@ class Trajectory:
     @property
     def hinted(self) -> bool:
         return self.request.hinted
+
+
+PLACEBO_TEXT = "Read the task again, take one step at a time, and answer in the format it asks for. "
+
+
+def placebo_hint(length: int) -> str:
+    """Neutral advice of ``length`` characters (`PLACEBO_TEXT` repeated), the same for every environment."""
+    return (PLACEBO_TEXT * (length // len(PLACEBO_TEXT) + 1))[:length]
 
 
 def solution_hint(solution: str | None) -> str | None:
@@ -151,6 +161,8 @@ def play_episodes(
         hint = episode.request.hint if episode.request.hinted else None
         if episode.request.hinted and episode.request.hint_from_solution:
             hint = solution_hint(solutions[episode.episode_id])
+            if hint and episode.request.placebo:
+                hint = placebo_hint(len(hint))
         observation = start.observation + (HINT_SEPARATOR + hint if hint else "")
         episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
 

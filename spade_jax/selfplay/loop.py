@@ -329,7 +329,8 @@ class SelfPlay:
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
-            requests += matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint)
+            requests += matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint,
+                                         self.hint_cfg.placebo_of)
         if not requests:
             return []
         with phase_bar("episodes", len(requests), enabled=self.config.log.progress and self.main) as bar:
