@@ -93,6 +93,12 @@ def test_envs_suite_admits_with_the_runs_admission_config(heldout):
     suite = make_suite(f"envs:{heldout}", None, strict)
     assert suite.items(None, 0) == []
     assert len(suite.notes) == 3 and all("not admitted" in note for note in suite.notes)
+    # the turn bound is the evaluation's, not the training agent's (a 1-turn agent would reject tallest)
+    one_turn_agent = AdmissionConfig(max_turns=1)
+    roomy = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, max_turns=8))
+    assert {i.group for i in roomy.items(None, 0)} == {"tallest"}
+    tight = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, max_turns=1))
+    assert tight.items(None, 0) == [] and "feasibility" in tight.notes[0]
 
 
 def test_envs_suite_takes_a_list_of_program_files(heldout):

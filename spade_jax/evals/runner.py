@@ -210,9 +210,10 @@ def table(results: Sequence[SuiteResult]) -> str:
         if r.summary is None:
             lines.append(f"| {r.spec} | - | - | - | - | skipped: {r.unavailable} |")
             continue
+        shown = r.spec if len(r.spec) <= 80 else r.name
         s = r.summary
         k = s["settings"]["samples"]
-        lines.append(f"| {r.spec} | {s['items']} | {_fmt(s['score'])} | {_fmt(s['solved'])} | "
+        lines.append(f"| {shown} | {s['items']} | {_fmt(s['score'])} | {_fmt(s['solved'])} | "
                      f"pass@{k} {_fmt(s[f'pass@{k}'])} | {s['wall_s']:.0f}s |")
     return "\n".join(lines)
 

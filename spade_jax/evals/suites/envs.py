@@ -6,7 +6,7 @@ learning study scores held-out environment families and how a user scores any se
 environments they write: each program goes through the
 sandbox's admission stages (parse, load, contract, determinism, not trivial, feasibility;
 no archive, so novelty passes) under the run's admission config and sandbox
-(``EvalConfig.admission``); each admitted program is played ``eval.episodes_per_env``
+(``EvalConfig.admission``) with the evaluation's turn bound (``eval.max_turns``); each admitted program is played ``eval.episodes_per_env``
 times from seeds fixed by ``eval.seed``, as a plain multi-turn episode of the agent's own
 engine. Score 1 for a won episode; the summary also gives the mean episode reward, per
 program (group) and overall. Rejected programs are listed in the summary's notes.
@@ -38,7 +38,8 @@ class EnvironmentSuite:
     def items(self, limit, seed):
         paths = self.paths
         sources = [p.read_text(encoding="utf-8") for p in paths]
-        reports = admit_batch(sources, dataclasses.replace(self.admission, batch_novelty=False), seed=seed)
+        admission = dataclasses.replace(self.admission, batch_novelty=False, max_turns=self.max_turns)
+        reports = admit_batch(sources, admission, seed=seed)
         self.notes = [f"{p.name}: not admitted ({r.stage}: {r.reason})" for p, r in zip(paths, reports) if not r.admitted]
         items = []
         for index, (path, source, report) in enumerate(zip(paths, sources, reports)):
