@@ -1,0 +1,231 @@
+"""The learning study: arms x seeds of self-play on one preset, resumable, then a report.
+
+Each arm is the preset with a few config overrides; each (arm, seed) run has its own workdir
+under ``--study_dir`` and is the main job itself (`spade_jax.main`), so a study interrupted
+at any point continues where it stopped: a finished run is skipped, an unfinished one resumes
+from its last checkpoint. All runs share one bootstrap cache. The held-out score at
+iteration 0 is the preset's initial policy evaluated once (`spade_jax.evals`, same suites
+and seed as the runs' periodic evaluation).
+
+Arms (``--arms``, default all):
+  spade         the preset as it is
+  fixed_pool    no designer: the agent replays ``--fixed_pool_envs`` environments of memory
+                per iteration (about the environments SPADE plays: its admitted designs plus
+                its replays), the same episodes per environment
+  frozen        the designer designs and is scored but not trained
+  no_memory     designer prompts without exemplars, novelty against the batch only
+  no_corpus     designer prompts without a document
+  placebo       hints of the same length that carry no information (the noise floor of regret)
+
+The report (``--report``, default ``bench/learning_study.md``, PNGs beside it) gives per arm,
+mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end,
+admission rate, regret, the unclipped hinted - plain gap and designer reward over the run,
+and plots their curves per iteration.
+
+    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, 6 arms
+    python bench/learning_study.py --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
+    python bench/learning_study.py --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
+        --seeds 0 --arms spade,frozen --override=--config.eval.every=1     # a minutes-long check of the tool
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = {
+    "spade": [],
+    "fixed_pool": ["--config.designer.enabled=False"],  # plus --config.agent.replay_envs (below)
+    "frozen": ["--config.designer.train=False"],
+    "no_memory": ["--config.memory.enabled=False"],
+    "no_corpus": ["--config.corpus.enabled=False"],
+    "placebo": ["--config.hints.mode=placebo"],  # plus the preset's hint mode as placebo_of (below)
+}
+CURVES = (("designer/admission_rate", "admission rate"), ("env/regret_mean", "regret"),
+          ("env/gap_mean", "hinted - plain gap"), ("designer/reward_mean", "designer reward"),
+          ("agent/plain_win_rate", "plain win rate (training pool)"))
+
+
+def _preset(spec: str):
+    """The preset's config (``file.py[:arg]``), for the overrides that depend on it."""
+    sys.path.insert(0, str(REPO))
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("study_preset", REPO / path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+def _arm_flags(arm: str, preset, args) -> list[str]:
+    flags = list(ARMS[arm])
+    if arm == "fixed_pool":
+        flags.append(f"--config.agent.replay_envs={args.fixed_pool_envs}")
+    if arm == "placebo":
+        base = preset.hints.mode if preset.hints.mode in ("self", "solution") else "self"
+        flags.append(f"--config.hints.placebo_of={base}")
+    return flags
+
+
+def _rows(workdir: Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    print(f"$ {' '.join(cmd)}\n  (log: {log})", flush=True)
+    with open(log, "a") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    if code:
+        sys.exit(f"failed with status {code}; see {log} (rerun the study to resume)")
+    print(f"  done in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def run_study(args, preset) -> None:
+    common = [f"--config={args.preset}", f"--config.num_iterations={args.iterations}",  # --config first
+              f"--config.bootstrap.cache_dir={args.study_dir / 'bootstrap'}", *args.override]
+    initial = args.study_dir / "initial"
+    if not list(initial.glob("evals/initial/*.json")) and preset.eval.suites:
+        _run([sys.executable, "-m", "spade_jax.evals", *common, f"--workdir={initial}", "--checkpoint=none"],
+             initial / "log.txt")
+    for arm in args.arms:
+        for seed in args.seeds:
+            workdir = args.study_dir / arm / f"seed{seed}"
+            done = sum(1 for row in _rows(workdir) if "iteration" in row)
+            if done >= args.iterations:
+                print(f"{arm} seed {seed}: finished ({done} iterations)", flush=True)
+                continue
+            _run([sys.executable, "-m", "spade_jax.main", *common, f"--workdir={workdir}", f"--config.seed={seed}",
+                  *_arm_flags(arm, preset, args)], workdir / "log.txt")
+
+
+def _heldout_key(rows: list[dict]) -> str | None:
+    keys = sorted({k for row in rows for k in row if k.startswith("eval/") and k.count("/") == 2
+                   and k.endswith("/score")})
+    return keys[0] if keys else None
+
+
+def _initial_heldout(study_dir: Path) -> float | None:
+    for path in sorted((study_dir / "initial" / "evals" / "initial").glob("*.json")):
+        return json.loads(path.read_text()).get("score")
+    return None
+
+
+def _mean_spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return "-"
+    return f"{np.mean(values):.3f} ± {(max(values) - min(values)) / 2:.3f} (n={len(values)})"
+
+
+def report(args) -> str:
+    initial = _initial_heldout(args.study_dir)
+    lines = [f"# Learning study ({args.preset}, {args.iterations} iterations, seeds {args.seeds})", "",
+             f"Written {time.strftime('%Y-%m-%d %H:%M')} by `python bench/learning_study.py --study_dir "
+             f"{args.study_dir}`. Values: mean over seeds ± half the min-max spread; run means are over "
+             "the iterations that report the metric.", "",
+             f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
+             "| arm | held-out at the end | admission | regret | gap | designer reward | iterations |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    curves: dict[str, dict[str, list[list[float]]]] = {}
+    for arm in args.arms:
+        runs = [_rows(args.study_dir / arm / f"seed{seed}") for seed in args.seeds]
+        runs = [[row for row in rows if "iteration" in row] for rows in runs]
+        if not any(runs):
+            lines.append(f"| {arm} | not run | | | | | |")
+            continue
+        key = next((k for k in map(_heldout_key, runs) if k), None)
+        end = [next((row[key] for row in reversed(rows) if key and key in row), None) for rows in runs]
+
+        def run_mean(metric, rows_list=runs):
+            return [float(np.nanmean([r[metric] for r in rows if metric in r])) if any(metric in r for r in rows)
+                    else None for rows in rows_list]
+
+        lines.append(f"| {arm} | {_mean_spread(end)} | {_mean_spread(run_mean('designer/admission_rate'))} | "
+                     f"{_mean_spread(run_mean('env/regret_mean'))} | {_mean_spread(run_mean('env/gap_mean'))} | "
+                     f"{_mean_spread(run_mean('designer/reward_mean'))} | {[len(r) for r in runs]} |")
+        for metric in [m for m, _ in CURVES] + ([key] if key else []):
+            curves.setdefault(metric, {})[arm] = [[row.get(metric, math.nan) for row in rows] for rows in runs]
+    _plot(curves, args.report.with_suffix(""))
+    lines += ["", "Curves (mean over seeds, shaded min-max): "
+              + ", ".join(f"`{args.report.with_suffix('').name}/{_slug(m)}.png`" for m in curves), ""]
+    return "\n".join(lines)
+
+
+def _slug(metric: str) -> str:
+    return metric.replace("/", "_")
+
+
+def _plot(curves: dict, out_dir: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labels = dict(CURVES)
+    for metric, arms in curves.items():
+        fig = Figure(figsize=(5.5, 3.2), dpi=100)
+        fig.subplots_adjust(left=0.12, right=0.97, top=0.9, bottom=0.16)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.set_title(labels.get(metric, f"held-out score ({metric})"), fontsize=10)
+        ax.set_xlabel("iteration", fontsize=8)
+        for arm, runs in arms.items():
+            length = max(len(r) for r in runs)
+            grid = np.full((len(runs), length), np.nan)
+            for i, r in enumerate(runs):
+                grid[i, :len(r)] = r
+            if np.all(np.isnan(grid)):
+                continue
+            x = np.arange(length)
+            with warnings.catch_warnings():  # all-NaN columns (iterations without the metric)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, low, high = np.nanmean(grid, 0), np.nanmin(grid, 0), np.nanmax(grid, 0)
+            ok = ~np.isnan(mean)
+            ax.plot(x[ok], mean[ok], marker="o", markersize=3, label=arm)
+            ax.fill_between(x[ok], low[ok], high[ok], alpha=0.2)
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        fig.savefig(out_dir / f"{_slug(metric)}.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--study_dir", type=Path, required=True)
+    parser.add_argument("--preset", default="configs/tiny.py")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--fixed_pool_envs", type=int, default=8)
+    parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
+    parser.add_argument("--report", type=Path, default=REPO / "bench" / "learning_study.md")
+    parser.add_argument("--report_only", action="store_true")
+    args = parser.parse_args()
+    args.arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.study_dir = args.study_dir.resolve()
+    if not args.report_only:
+        run_study(args, _preset(args.preset))
+    text = report(args)
+    args.report.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
