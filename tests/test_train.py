@@ -1,5 +1,7 @@
 """The compiled update: packing, exact gradient accumulation, 1 device vs the 8-device mesh."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -174,3 +176,16 @@ def test_kl_to_the_initial_policy_runs_and_is_zero_only_before_the_first_step(sh
     kls = [trainer.update(batch)["ref_kl"] for _ in range(3)]
     assert kls[0] == 0.0 and kls[1] > 1e-3 and kls[2] > 1e-3  # the reference stays the initial policy
     assert np.abs(policy.logits(batch.tokens_RT[:2]) - start).max() > 1e-3
+
+
+def test_zero_advantages_leave_the_policy_unchanged_and_nonzero_ones_move_it():
+    """Guards the update tests above: without weight decay, only advantages move parameters."""
+    def moved(advantage):
+        policy = random_policy(CFG, seed=2)
+        start = policy.logits(pack(_sequences(), 32, 4).tokens_RT[:2])
+        sequences = [dataclasses.replace(s, advantage=advantage) for s in _sequences()]
+        trainer = Trainer(policy, OptimConfig(lr=1e-2, weight_decay=0.0), LossConfig())
+        trainer.update(pack(sequences, row_length=32, row_multiple=4))
+        return np.abs(policy.logits(pack(_sequences(), 32, 4).tokens_RT[:2]) - start).max()
+
+    assert moved(0.0) == 0.0 and moved(1.0) > 1e-3
