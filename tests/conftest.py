@@ -90,3 +90,26 @@ def runlocal_config(tmp_path_factory, tiny_bootstrap_cache):
         return path
 
     return write
+
+
+@pytest.fixture
+def canned_sampler():
+    """``canned_sampler(ids)``: a stand-in for `spade_jax.sampling.generate` that answers every
+    prompt with the token ids ``ids`` (for `play_episodes(sample=...)`)."""
+    import numpy as np
+
+    from spade_jax.sampling import Generation, GenerationStats
+
+    def make(ids):
+        ids = np.asarray(ids, np.int32)[None]
+
+        def sample(policy, prompts, **kwargs):
+            n = len(prompts)
+            return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
+                              lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),
+                              stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=1,
+                                                    bucket=(n, 0, ids.shape[1])))
+
+        return sample
+
+    return make

@@ -255,18 +255,9 @@ class _RecordingPool:
         pass
 
 
-def test_read_action_hands_the_pool_whole_replies_instead_of_the_parsed_action(small_tokenizer):
-    from spade_jax.sampling import Generation, GenerationStats
-
+def test_read_action_hands_the_pool_whole_replies_instead_of_the_parsed_action(small_tokenizer, canned_sampler):
     reply = " ".join(f"word{i}" for i in range(150)) + " \\boxed{7}"
-    ids = np.asarray(small_tokenizer.encode(reply), np.int32)[None]
-
-    def sample(policy, prompts, **kwargs):
-        n = len(prompts)
-        return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
-                          lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),
-                          stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=1,
-                                                bucket=(n, 0, ids.shape[1])))
+    sample = canned_sampler(small_tokenizer.encode(reply))
 
     policy = types.SimpleNamespace(tokenizer=small_tokenizer)
     request = [EpisodeRequest(0, "game", 0)]

@@ -49,24 +49,15 @@ def test_clean_hint_keeps_sentences_on_one_line():
     assert clean_hint("  \n ") is None
 
 
-def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_its_content(small_tokenizer):
-    import numpy as np
-
+def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_its_content(small_tokenizer,
+                                                                                          canned_sampler):
     from spade_jax.agent import AgentConfig, play_episodes
     from spade_jax.agent.rollout import HINT_SEPARATOR, solution_hint
     from spade_jax.envs import library
-    from spade_jax.sampling import Generation, GenerationStats
     from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
 
     program = library.load_source("tallest")
-    ids = np.asarray(small_tokenizer.encode("\\boxed{1}"), np.int32)[None]
-
-    def sample(policy, prompts, **kwargs):
-        n = len(prompts)
-        return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
-                          lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),
-                          stats=GenerationStats(compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=1,
-                                                bucket=(n, 0, ids.shape[1])))
+    sample = canned_sampler(small_tokenizer.encode("\\boxed{1}"))
 
     policy = types.SimpleNamespace(tokenizer=small_tokenizer)
     with SandboxPool(SandboxConfig(num_workers=1)) as pool:
