@@ -125,7 +125,7 @@ def test_envs_suite_end_to_end_is_reproducible_and_lists_its_items_once(heldout,
     listed = []
     original = EnvironmentSuite.items
     monkeypatch.setattr(EnvironmentSuite, "items", lambda self, *a: listed.append(a) or original(self, *a))
-    cfg = runner.EvalConfig(suites=f"envs:{heldout}", episodes_per_env=2, max_turns=2, seed=3)
+    cfg = runner.EvalConfig(suites=f"envs:{heldout}", episodes_per_env=2, max_turns=4, seed=3)
     agent = AgentConfig(max_turns=2, max_new_tokens=8, context_budget=768)
     evaluator = runner.Evaluator(cfg)
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
