@@ -549,10 +549,12 @@ def test_admission_rejects_every_hostile_program_at_the_expected_stage(ctx):
 
 
 PROBE_SNIFFERS = {  # tests/hostile_admission: programs that try to tell admission probes from play
-    "seed_backdoor.py": "not_trivial",
-    "noop_dodge.py": "not_trivial",
-    "probe_aware_noise.py": "determinism",
-    "pause_switch_real_clock.py": "determinism",
+    "seed_backdoor.py": {"not_trivial"},
+    "noop_dodge.py": {"not_trivial"},
+    # its coin flips can land alike on a replay (one fresh-clone run in many): not_trivial then
+    # rejects it, its random plays winning half the time
+    "probe_aware_noise.py": {"determinism", "not_trivial"},
+    "pause_switch_real_clock.py": {"determinism"},
 }
 
 
@@ -563,5 +565,5 @@ def test_probe_sniffing_programs_are_rejected(mode):
     folder = Path(__file__).parent / "hostile_admission"
     with _pool(MODES[mode], "guarded") as pool:
         reports = admit_batch([(folder / n).read_text() for n in PROBE_SNIFFERS], AdmissionConfig(), pool=pool)
-    got = {n: (r.admitted, r.stage) for n, r in zip(PROBE_SNIFFERS, reports)}
-    assert got == {n: (False, stage) for n, stage in PROBE_SNIFFERS.items()}, [r.reason for r in reports]
+    assert not any(r.admitted for r in reports), [r.reason for r in reports]
+    assert all(r.stage in PROBE_SNIFFERS[n] for n, r in zip(PROBE_SNIFFERS, reports)), [r.reason for r in reports]
