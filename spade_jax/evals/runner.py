@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.agent.actions import parse_action
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
@@ -152,7 +153,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 episode_pool = suite.episode_pool(context) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
                                              seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update,
-                                             **({"read_action": suite.read_action} if hasattr(suite, "read_action") else {}))
+                                             read_action=getattr(suite, "read_action", parse_action))
                 for i, trajectory in zip(group, trajectories):
                     scores[i].append(suite.score(items[i], trajectory, context))
                     outputs[i].append(trajectory.messages)
