@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spade_jax.agent.conversation import Conversation
-from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, SOLUTION_HINT_PREFIX
 from spade_jax.designer.corpus import Corpus, CorpusConfig
 from spade_jax.designer.prompts import DESIGNER_SYSTEM_PROMPT, designer_answer
 from spade_jax.envs import library
@@ -35,7 +35,7 @@ def programs():
 @pytest.fixture(scope="module")
 def transcripts(programs):
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
-        return data.play_solutions(pool, [p.code for p in programs], [0, 1], max_turns=8)
+        return data.play_solutions(pool, [p.code for p in programs], [0, 1], [2, 3], max_turns=8)
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +95,36 @@ def test_every_rendered_program_passes_admission_against_the_seed_sources(progra
     assert all(r.details["max_similarity"] < 0.85 for r in reports)
 
 
-def test_solution_transcripts_come_in_plain_and_hinted_pairs(programs, transcripts):
-    assert len(transcripts) >= len(programs)  # most plays fit 8 turns
-    for plain, hinted in zip(transcripts[::2], transcripts[1::2]):
-        assert plain.hint is None and hinted.hint == f"A winning first action is {plain.actions[0]}"
-        assert plain.actions == hinted.actions and len(plain.observations) == len(plain.actions)
+def test_hinted_transcripts_carry_the_whole_plan_on_seeds_disjoint_from_the_plain_ones(programs, transcripts):
+    plain = [t for t in transcripts if t.hint is None]
+    hinted = [t for t in transcripts if t.hint is not None]
+    assert len(plain) >= len(programs) and len(hinted) >= len(programs)  # most plays fit 8 turns
+    assert {t.seed for t in plain} == {0, 1} and {t.seed for t in hinted} == {2, 3}
+    for t in hinted:
+        plan = " ".join(f"{turn}) {action}" for turn, action in enumerate(t.actions, 1))
+        assert t.hint == SOLUTION_HINT_PREFIX + plan and len(t.observations) == len(t.actions)
+    # the seeds are different instances: some program's plain and hinted actions differ
+    assert any(p.actions != h.actions for p in plain for h in hinted if p.program == h.program)
+    with SandboxPool(SandboxConfig(num_workers=1)) as pool, pytest.raises(ValueError, match="overlap"):
+        data.play_solutions(pool, [programs[0].code], [0, 1], [1], max_turns=8)
+
+
+def test_designer_answers_are_not_variants_of_an_exemplar_the_prompt_shows():
+    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=3)
+    corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
+    envs = [env.name for env in library.SEED_ENVS]
+    slots = data.designer_slots(60, data.seeded_memory(), [corpus.document(i) for i in range(len(corpus))],
+                                prompt, envs, np.random.default_rng(0))
+
+    def shown(name, slot):  # the exemplar block opens with the program's first line
+        return "```python\n" + library.load_source(name).splitlines()[0] in slot.messages[1]["content"]
+
+    avoided = 0
+    for slot in slots:
+        same_skill = [name for name in envs if library.get(name).skill == slot.skill]
+        assert not shown(slot.env, slot) or all(shown(name, slot) for name in same_skill)
+        avoided += any(shown(name, slot) for name in same_skill)
+    assert avoided >= 5  # the rule had programs to avoid
 
 
 def test_designer_sequence_is_the_prompt_then_the_trained_answer(prompts, tokenizer):
@@ -131,7 +156,8 @@ def test_agent_sequence_is_the_conversation_the_rollout_builds(transcripts, toke
     runs = [tokenizer.decode(seq.tokens[a:b], skip_special_tokens=False) for a, b in zip(edges[::2], edges[1::2])]
     assert runs == [action + IM_END for action in hinted.actions]
     text = tokenizer.decode(seq.tokens, skip_special_tokens=False)
-    assert f"HINT: A winning first action is {hinted.actions[0]}" in text and seq.role == "agent"
+    assert f"HINT: {SOLUTION_HINT_PREFIX}1) {hinted.actions[0]} 2) {hinted.actions[1]}" in text
+    assert seq.role == "agent"
 
 
 def test_tokenizer_keeps_programs_exactly_and_markers_whole(programs, tokenizer):

@@ -72,3 +72,12 @@ def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_i
     placebo_hint = placebo.messages[1]["content"].split(HINT_SEPARATOR)[1]
     assert hint in informed.messages[1]["content"] and len(placebo_hint) == len(informed_hint)
     assert placebo_hint.startswith("Read the task again") and hint not in placebo.messages[1]["content"]
+
+
+def test_a_solution_hint_is_the_whole_plan_numbered_one_action_per_turn():
+    from spade_jax.agent.rollout import SOLUTION_HINT_PREFIX, solution_hint
+
+    assert solution_hint("<tool_call>{}</tool_call>\n\n  <answer>7</answer> \n") == (
+        SOLUTION_HINT_PREFIX + "1) <tool_call>{}</tool_call> 2) <answer>7</answer>")
+    assert solution_hint("\\boxed{3}") == SOLUTION_HINT_PREFIX + "1) \\boxed{3}"
+    assert solution_hint(" \n ") is None and solution_hint(None) is None

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.agent.rollout import SOLUTION_HINT_PREFIX
 from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.rl import rewards
 from spade_jax.sampling import Generation, GenerationStats
@@ -40,7 +41,7 @@ class SecretEnv:
 '''
 EASY_ENV = SECRET_ENV.replace("won = extract_boxed(action) == self.secret", "won = True")
 IMPOSSIBLE_ENV = SECRET_ENV.replace("won = extract_boxed(action) == self.secret", "won = False")
-HINT_MARK = "A winning first action is "
+HINT_MARK = SOLUTION_HINT_PREFIX + "1) "
 
 
 def scripted_sample(policy, prompts, *, max_new_tokens, seed, **unused):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spade_jax.agent.conversation import Conversation, prompt_text
-from spade_jax.agent.rollout import HINT_SEPARATOR, solution_hint
+from spade_jax.agent.rollout import HINT_SEPARATOR, SOLUTION_HINT_PREFIX, solution_hint
 from spade_jax.models.tokenizer import WORD_JOINER, HFTokenizer, SentencePieceTokenizer, escape_chat_markers
 from spade_jax.sandbox.text import REPLACEMENT, clean_text, display_line
 
@@ -215,7 +215,7 @@ def test_normal_observations_tokenise_exactly_as_before(tokenizer):
 
 def test_solution_hints_are_cleaned_bounded_and_escaped(hf_tokenizer):
     hint = solution_hint("\\boxed{1}<|im_end|>\x1b[31m\ud800" + "9" * 5000 + "\nsecond line")
-    assert "\x1b" not in hint and "\ud800" not in hint and "second" not in hint
+    assert "\x1b" not in hint and "\ud800" not in hint and "second" not in hint  # cut before the second action
     assert len(hint) <= 1100 and hint.endswith("chars cut]")
     conv = Conversation.start(hf_tokenizer, "sys", "Play." + HINT_SEPARATOR + hint)
     ref = Conversation.start(hf_tokenizer, "sys", "Play.")
@@ -310,7 +310,7 @@ def test_rollout_escapes_observations_and_solution_hints(hf_tokenizer):
     assert evil.end_reason == benign.end_reason == "truncated" and evil.turns == 2, (evil.end_reason, evil.error)
     assert _count_special(hf_tokenizer, evil.tokens) == _count_special(hf_tokenizer, benign.tokens)
     first = evil.messages[1]["content"]
-    assert "HINT: A winning first action is" in first and "\x1b" not in first and "\ud800" not in first
+    assert "HINT: " + SOLUTION_HINT_PREFIX + "1) " in first and "\x1b" not in first and "\ud800" not in first
     assert "<|im_end|>" not in first and "<|im_end|>" not in evil.messages[3]["content"]
 
 

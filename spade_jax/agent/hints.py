@@ -4,10 +4,11 @@ Modes:
   self      the policy reads the environment's source and writes a 1-3 sentence hint
             (strategy and answer format, never the exact answer); one batched sampler
             call for all environments. The reference behaviour.
-  solution  each hinted episode is told the first action of the environment's own
-            `solution()` for its seed (see `rollout.solution_hint`). A deliberate
-            deviation for tests and the tiny preset, whose bootstrap model cannot
-            write hints; it can reveal the answer of one-step games.
+  solution  each hinted episode is told the whole plan of the environment's own
+            `solution()` for its seed, one numbered action per turn (see
+            `rollout.solution_hint`). A deliberate deviation for tests and the tiny
+            preset, whose bootstrap model cannot write hints: the hint carries everything
+            the solution knows, so regret measures how much of it the agent can use.
   placebo   the noise floor of regret: the hints of mode `placebo_of` (`self`: written
             by the same sampler call; `solution`: taken from `solution()`) each replaced by
             neutral advice of the same length (`rollout.placebo_hint`), so hinted plays differ
@@ -100,7 +101,7 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     unless ``mode`` is "none", one hinted play on each of the same seeds.
 
     Modes "self" and "placebo" (of "self") show ``hint`` (`write_hints`); mode "solution" has
-    the rollout take the first action of the environment's `solution()` for the seed, and
+    the rollout take the plan of the environment's `solution()` for the seed, and
     "placebo" of "solution" a placebo of that hint's length.
     """
     if mode not in HINT_MODES:

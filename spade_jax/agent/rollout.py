@@ -35,6 +35,7 @@ AGENT_SYSTEM_PROMPT = (
 )
 HINT_SEPARATOR = "\n\nHINT: "
 MAX_SOLUTION_HINT_CHARS = 1000
+SOLUTION_HINT_PREFIX = "Winning actions, one per turn: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +101,19 @@ def placebo_hint(length: int) -> str:
 
 
 def solution_hint(solution: str | None) -> str | None:
-    """The `solution` hint mode: the first reference action (tests and the tiny preset only).
+    """The `solution` hint mode: the whole plan of the environment's own `solution()` for the
+    seed, its actions numbered one per turn (tests and the tiny preset only).
 
-    `solution` is environment text: cleaned (`clean_text`) and the action cut to
-    `MAX_SOLUTION_HINT_CHARS`; special-token strings are escaped where it enters the prompt.
+    The plan is what the solution knows: an agent that copies action k at turn k wins, so
+    hinted plays can beat plain ones by as much as the plan is worth. `solution` is
+    environment text: cleaned (`clean_text`) and cut to `MAX_SOLUTION_HINT_CHARS`;
+    special-token strings are escaped where it enters the prompt.
     """
-    if not solution or not solution.strip():
+    actions = [line.strip() for line in (solution or "").splitlines() if line.strip()]
+    if not actions:
         return None
-    first = clean_text(solution.strip().splitlines()[0].strip(), MAX_SOLUTION_HINT_CHARS)
-    return f"A winning first action is {first}"
+    plan = " ".join(f"{turn}) {action}" for turn, action in enumerate(actions, 1))
+    return SOLUTION_HINT_PREFIX + clean_text(plan, MAX_SOLUTION_HINT_CHARS)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,8 @@ policy trained once on the seed library (`bootstrap.data`):
 
 1. render ``num_programs`` structural variants of seed programs and keep those that pass
    all seven admission stages against the seed sources (the iteration-0 archive);
-2. play each admitted program by its own ``solution()`` in the sandbox, plain and hinted;
+2. play each admitted program by its own ``solution()`` in the sandbox, plain and hinted
+   (on disjoint seeds);
 3. train a SentencePiece tokenizer on every training text;
 4. train a small Llama-family model with `rl.train.Trainer` (objective "nll" on the
    assistant tokens) on rows that pack one designer example with agent transcripts.
@@ -81,8 +82,9 @@ class BootstrapConfig:
     (one per prompt skill at least), ``num_programs`` of them rendered (each rewrite
     applied with probability ``rewrite_p``, redrawn while the similarity to a seed reaches
     ``max_similarity``) and kept only when admitted against the seed sources with
-    ``novelty_threshold``; ``agent_seeds`` solution plays of each (a plain and a hinted
-    transcript per won play) with ``agent_max_turns`` (the preset's agent max_turns).
+    ``novelty_threshold``; solution plays of each on ``agent_seeds`` seeds plain and on as
+    many other seeds hinted (a transcript per won play) with ``agent_max_turns`` (the
+    preset's agent max_turns).
     Model: Llama family, SentencePiece with ``vocab_size`` pieces of up to
     ``max_piece_chars`` characters (whole code lines become single tokens), untied embeddings.
     Training: ``steps`` AdamW steps of ``rows`` packed rows of ``row_length`` tokens
@@ -229,7 +231,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
                 concurrent.futures.ThreadPoolExecutor(1) as background:
             clock = time.perf_counter()
             plays = data.play_solutions(pool, [p.code for p in programs], range(cfg.agent_seeds),
-                                        cfg.agent_max_turns)
+                                        range(cfg.agent_seeds, 2 * cfg.agent_seeds), cfg.agent_max_turns)
             timings["transcripts_s"] = time.perf_counter() - clock
             # Admission runs in the background (the pool is only used there from now on) while
             # the tokenizer trains and the update compiles; nothing is trained on before it ends.
@@ -264,9 +266,11 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
                      len(admitted), len(programs), timings["admission_s"], stats["admission"]["similarity"])
         admitted_codes = {p.code for p in admitted}
         transcripts = [t for t in plays if t.program in admitted_codes]
-        stats["transcripts"] = {"plays": len(admitted) * cfg.agent_seeds, "won": len(transcripts) // 2}
-        logging.info("bootstrap: %d solution plays of admitted programs won of %d in %.1fs",
-                     len(transcripts) // 2, len(admitted) * cfg.agent_seeds, timings["transcripts_s"])
+        stats["transcripts"] = {"plays": len(admitted) * cfg.agent_seeds * 2, "won": len(transcripts),
+                                "hinted": sum(t.hint is not None for t in transcripts)}
+        logging.info("bootstrap: %d solution plays of admitted programs won of %d (%d hinted) in %.1fs",
+                     len(transcripts), len(admitted) * cfg.agent_seeds * 2, stats["transcripts"]["hinted"],
+                     timings["transcripts_s"])
 
         by_key = _by_key(admitted)
         designer = [(slot.messages, rng.choice(by_key[slot.env, slot.difficulty])) for slot in slots

@@ -7,8 +7,11 @@ seed programs (`bootstrap.variants`), its knobs drawn from the difficulty's thir
 their ranges. Agent examples are solution transcripts: a conversation, token for token as
 `agent.conversation.Conversation` builds it, whose assistant turns are the environment's
 own `solution()` actions and whose observations come from really playing it in the
-sandbox; hinted transcripts carry the `solution` hint in the first observation, as the
-rollout shows it. Only the assistant's tokens (and its end-of-turn token) are trained.
+sandbox; hinted transcripts carry the `solution` hint (the whole plan) in the first
+observation, as the rollout shows it, and are played on seeds disjoint from the plain
+ones, so the actions of a hinted transcript are learnable from its hint and not from a
+plain transcript of the same instance. Only the assistant's tokens (and its end-of-turn
+token) are trained.
 
 JAX-free: numpy, the designer and agent helpers and the sandbox client.
 """
@@ -24,8 +27,8 @@ import numpy as np
 from spade_jax.agent.conversation import Conversation
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
 from spade_jax.designer.corpus import Document
-from spade_jax.designer.memory import EnvironmentMemory
-from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, designer_answer, slot_messages
+from spade_jax.designer.memory import SEED_ID_PREFIX, EnvironmentMemory
+from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, designer_answer, designer_messages, slot_exemplars
 from spade_jax.envs import library
 from spade_jax.envs.contract import is_success
 from spade_jax.rl.batch import TrainSequence
@@ -68,9 +71,12 @@ def designer_slots(n: int, memory: EnvironmentMemory, documents: Sequence[Docume
                    envs: Sequence[str], rng: np.random.Generator) -> list[Slot]:
     """``n`` iteration-0 designer prompts cycling through every (skill, difficulty) pair.
 
-    The messages are built by the self-play designer's own `designer.prompts.slot_messages`.
-    Each is answered with a variant of one of the seed programs named in ``envs`` that
-    trains the prompt's skill (drawn uniformly); every skill needs at least one.
+    The messages are those the self-play designer builds (`designer.prompts.slot_exemplars`
+    and `designer_messages`). Each is answered with a variant of one of the seed programs
+    named in ``envs`` that trains the prompt's skill, drawn uniformly among those the
+    prompt does not show as an exemplar (so the model learns to write a program unlike the
+    ones in its memory, not to copy them); only when every program of the skill is shown
+    does it draw among all of them. Every skill needs at least one program.
     """
     by_skill = {skill: [name for name in envs if library.get(name).skill == skill] for skill in library.SKILLS}
     uncovered = [skill for skill, names in by_skill.items() if not names]
@@ -81,8 +87,11 @@ def designer_slots(n: int, memory: EnvironmentMemory, documents: Sequence[Docume
         skill = library.SKILLS[i % len(library.SKILLS)]
         difficulty = DIFFICULTIES[(i + i // len(library.SKILLS)) % len(DIFFICULTIES)]
         document = documents[int(rng.integers(len(documents)))]
-        messages = slot_messages(memory, rng, skill, difficulty, document, prompt)
-        env = by_skill[skill][int(rng.integers(len(by_skill[skill])))]
+        exemplars = slot_exemplars(memory, rng, prompt)
+        messages = designer_messages(skill, difficulty, document.as_reference(), exemplars)
+        shown = {e.env_id.removeprefix(SEED_ID_PREFIX) for e in exemplars}
+        choices = [name for name in by_skill[skill] if name not in shown] or by_skill[skill]
+        env = choices[int(rng.integers(len(choices)))]
         slots.append(Slot(skill, difficulty, messages, env))
     return slots
 
@@ -130,14 +139,20 @@ class Transcript:
     hint: str | None
 
 
-def play_solutions(pool: SandboxPool, programs: Sequence[str], seeds: Sequence[int],
-                   max_turns: int) -> list[Transcript]:
-    """Plays every (program, seed) by its own solution() in the sandbox; keeps the won plays.
+def play_solutions(pool: SandboxPool, programs: Sequence[str], plain_seeds: Sequence[int],
+                   hinted_seeds: Sequence[int], max_turns: int) -> list[Transcript]:
+    """Plays every program by its own solution() in the sandbox on ``plain_seeds`` and
+    ``hinted_seeds``; keeps the won plays.
 
-    Each won play yields a plain transcript and a hinted one (same actions, the `solution`
-    hint appended to the first observation exactly as the rollout appends it).
+    A won play on a plain seed yields a plain transcript; one on a hinted seed a hinted
+    transcript (the `solution` hint appended to the first observation exactly as the
+    rollout appends it). The two seed sets must be disjoint.
     """
-    specs = [EpisodeSpec(program=p, seed=s, max_turns=max_turns) for p in programs for s in seeds]
+    if set(plain_seeds) & set(hinted_seeds):
+        raise ValueError(f"plain seeds {list(plain_seeds)} and hinted seeds {list(hinted_seeds)} overlap")
+    hinted_set = set(hinted_seeds)
+    specs = [EpisodeSpec(program=p, seed=s, max_turns=max_turns)
+             for p in programs for s in [*plain_seeds, *hinted_seeds]]
     if not specs:
         return []
     starts = pool.start(specs)
@@ -162,14 +177,9 @@ def play_solutions(pool: SandboxPool, programs: Sequence[str], seeds: Sequence[i
                 observations[i].append(result.observation)
         turn += 1
     pool.close(ids)
-    out = []
-    for i in live:
-        if not won.get(i):
-            continue
-        spec = specs[i]
-        for hint in (None, solution_hint(solutions[i])):
-            out.append(Transcript(spec.program, spec.seed, tuple(observations[i]), tuple(actions[i]), hint))
-    return out
+    return [Transcript(specs[i].program, specs[i].seed, tuple(observations[i]), tuple(actions[i]),
+                       solution_hint(solutions[i]) if specs[i].seed in hinted_set else None)
+            for i in live if won.get(i)]
 
 
 def designer_sequence(tokenizer, messages: list[dict], code: str) -> TrainSequence:

@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 STATE_VERSION = 1
+SEED_ID_PREFIX = "seed-"  # memory ids of handwritten seed environments: seed-<name>
 _STAT_FIELDS = ("win_rate", "mean_plain", "mean_hinted", "regret", "designer_reward")
 
 
@@ -177,7 +178,7 @@ class EnvironmentMemory:
                  admission: dict | None = None) -> str:
         """Adds a handwritten seed environment (unmeasured) under id ``seed-<name>``."""
         env_id, _ = self.add(code, skill, iteration=iteration, admission=admission,
-                             env_id=f"seed-{name}", is_seed=True)
+                             env_id=SEED_ID_PREFIX + name, is_seed=True)
         return env_id
 
     def update(self, env_id: str, *, iteration: int, win_rate, mean_plain, mean_hinted,

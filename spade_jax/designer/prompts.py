@@ -111,15 +111,21 @@ def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
     return out + "\n# ... (truncated)" if cut else out
 
 
-def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, skill: str, difficulty: str, doc,
-                  prompt: PromptConfig) -> list[dict]:
-    """The chat messages of one designer slot: exemplars drawn from ``memory``, their code cut
-    to the prompt's size, and ``doc`` (a `Document`, already cut by the corpus). ``memory`` None
-    gives no exemplars and ``doc`` None no document (the no-memory and no-corpus ablations)."""
+def slot_exemplars(memory: EnvironmentMemory | None, rng: np.random.Generator, prompt: PromptConfig) -> list[Exemplar]:
+    """The exemplars one designer slot shows: drawn from ``memory`` (none when it is None),
+    their code cut to the prompt's size."""
     drawn = memory.exemplars(rng, n_positive=prompt.exemplars_positive,
                              n_negative=prompt.exemplars_negative) if memory is not None else []
-    exemplars = [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
-                 for e in drawn]
+    return [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
+            for e in drawn]
+
+
+def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, skill: str, difficulty: str, doc,
+                  prompt: PromptConfig) -> list[dict]:
+    """The chat messages of one designer slot: `slot_exemplars` and ``doc`` (a `Document`,
+    already cut by the corpus). ``memory`` None gives no exemplars and ``doc`` None no
+    document (the no-memory and no-corpus ablations)."""
+    exemplars = slot_exemplars(memory, rng, prompt)
     return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars)
 
 
