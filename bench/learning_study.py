@@ -138,31 +138,63 @@ def report(args) -> str:
              f"{args.study_dir}`. Values: mean over seeds ± half the min-max spread; run means are over "
              "the iterations that report the metric.", "",
              f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
-             "| arm | held-out at the end | admission | regret | gap | designer reward | iterations |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| arm | held-out at the end | admission | regret | gap | designer reward | agent tokens | iterations |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     curves: dict[str, dict[str, list[list[float]]]] = {}
+    per_seed: dict[str, dict[int, dict]] = {}
     for arm in args.arms:
         runs = [_rows(args.study_dir / arm / f"seed{seed}") for seed in args.seeds]
         runs = [[row for row in rows if "iteration" in row] for rows in runs]
         if not any(runs):
-            lines.append(f"| {arm} | not run | | | | | |")
+            lines.append(f"| {arm} | not run | | | | | | |")
             continue
         key = next((k for k in map(_heldout_key, runs) if k), None)
         end = [next((row[key] for row in reversed(rows) if key and key in row), None) for rows in runs]
 
-        def run_mean(metric, rows_list=runs):
-            return [float(np.nanmean([r[metric] for r in rows if metric in r])) if any(metric in r for r in rows)
+        def run_mean(metric, rows_list=runs, reduce=np.nanmean):
+            return [float(reduce([r[metric] for r in rows if metric in r])) if any(metric in r for r in rows)
                     else None for rows in rows_list]
+
+        def run_total(metric):
+            return run_mean(metric, reduce=np.nansum)
+
+        def run_min(metric):
+            return run_mean(metric, reduce=np.nanmin)
 
         lines.append(f"| {arm} | {_mean_spread(end)} | {_mean_spread(run_mean('designer/admission_rate'))} | "
                      f"{_mean_spread(run_mean('env/regret_mean'))} | {_mean_spread(run_mean('env/gap_mean'))} | "
-                     f"{_mean_spread(run_mean('designer/reward_mean'))} | {[len(r) for r in runs]} |")
+                     f"{_mean_spread(run_mean('designer/reward_mean'))} | "
+                     f"{_mean_spread(run_total('agent/generated_tokens'))} | {[len(r) for r in runs]} |")
+        per_seed[arm] = {seed: {"end": e, "regret": r, "admission_min": a} for seed, e, r, a in zip(
+            args.seeds, end, run_mean("env/regret_mean"), run_min("designer/admission_rate")) if e is not None
+            or r is not None}
         for metric in [m for m, _ in CURVES] + ([key] if key else []):
             curves.setdefault(metric, {})[arm] = [[row.get(metric, math.nan) for row in rows] for rows in runs]
+    lines += _criteria(per_seed, initial)
     _plot(curves, args.report.with_suffix(""))
     lines += ["", "Curves (mean over seeds, shaded min-max): "
               + ", ".join(f"`{args.report.with_suffix('').name}/{_slug(m)}.png`" for m in curves), ""]
     return "\n".join(lines)
+
+
+def _criteria(per_seed: dict[str, dict[int, dict]], initial: float | None) -> list[str]:
+    """Per seed, the SPADE arm against the bar: admission through the run, regret against the
+    placebo arm's on the same seed, held-out score at the end against the initial policy's."""
+    spade, placebo = per_seed.get("spade", {}), per_seed.get("placebo", {})
+    if not spade:
+        return []
+
+    def fmt(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    lines = ["", "SPADE against the bar, per seed (admission ≥ 0.5 at every design; regret above the "
+             "placebo arm's; held-out at the end above the initial policy's):", "",
+             "| seed | lowest admission | regret | placebo regret | held-out at the end | initial |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for seed, row in spade.items():
+        lines.append(f"| {seed} | {fmt(row['admission_min'])} | {fmt(row['regret'])} | "
+                     f"{fmt(placebo.get(seed, {}).get('regret'))} | {fmt(row['end'])} | {fmt(initial)} |")
+    return lines
 
 
 def _slug(metric: str) -> str:
@@ -196,7 +228,8 @@ def _plot(curves: dict, out_dir: Path) -> None:
             ok = ~np.isnan(mean)
             ax.plot(x[ok], mean[ok], marker="o", markersize=3, label=arm)
             ax.fill_between(x[ok], low[ok], high[ok], alpha=0.2)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
         fig.savefig(out_dir / f"{_slug(metric)}.png")

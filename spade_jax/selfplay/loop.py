@@ -248,7 +248,8 @@ class SelfPlay:
             start = time.perf_counter()
             metrics.update(self._evaluate(it + 1))
             times["eval_s"] = time.perf_counter() - start
-        generated = sum(int(t.loss_mask.sum()) for t in trajectories) + sum(len(d.tokens) for d in designs)
+        metrics["agent/generated_tokens"] = sum(int(t.loss_mask.sum()) for t in trajectories)
+        generated = metrics["agent/generated_tokens"] + sum(len(d.tokens) for d in designs)
         sampling_time = times.get("design_s", 0.0) + times["hints_s"] + times["episodes_s"]
         metrics["sampler/tokens_per_s"] = generated / sampling_time if sampling_time else math.nan
         times["iteration_s"] = time.perf_counter() - tic

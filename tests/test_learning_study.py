@@ -1,0 +1,47 @@
+"""bench/learning_study.py's report: its numbers from hand-written run metrics."""
+
+import importlib.util
+import json
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _study_module():
+    spec = importlib.util.spec_from_file_location("learning_study", REPO / "bench" / "learning_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(path: Path, rows: list[dict]) -> None:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
+    study = _study_module()
+    key = "eval/envs-2-programs/score"
+    (tmp_path / "initial" / "evals" / "initial").mkdir(parents=True)
+    (tmp_path / "initial" / "evals" / "initial" / "envs.json").write_text(json.dumps({"score": 0.25}))
+    for seed, (admission, regret, end) in enumerate([((1.0, 0.5), (0.2, 0.4), 0.5), ((0.75, 0.25), (0.1, 0.1), 0.125)]):
+        _write_run(tmp_path / "spade" / f"seed{seed}", [
+            {"iteration": 0, "designer/admission_rate": admission[0], "env/regret_mean": regret[0],
+             "agent/generated_tokens": 100},
+            {"iteration": 1, "designer/admission_rate": admission[1], "env/regret_mean": regret[1],
+             "agent/generated_tokens": 50, key: end},
+        ])
+        _write_run(tmp_path / "placebo" / f"seed{seed}", [{"iteration": 0, "env/regret_mean": 0.05 * (seed + 1)}])
+    args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=2, seeds=[0, 1],
+                                 arms=["spade", "placebo", "frozen"], report=tmp_path / "study.md")
+    text = study.report(args)
+    spade_row = next(line for line in text.splitlines() if line.startswith("| spade |"))
+    # held-out at the end (0.5, 0.125); admission run means (0.75, 0.5); regret (0.3, 0.1); tokens 150 each
+    assert spade_row.split(" | ")[1:4] == ["0.312 ± 0.188 (n=2)", "0.625 ± 0.125 (n=2)", "0.200 ± 0.100 (n=2)"]
+    assert "150.000 ± 0.000 (n=2)" in spade_row
+    assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
+    # per seed: lowest admission, regret, the placebo's regret on the same seed, held-out end, initial
+    assert "| 0 | 0.500 | 0.300 | 0.050 | 0.500 | 0.250 |" in text
+    assert "| 1 | 0.250 | 0.100 | 0.100 | 0.125 | 0.250 |" in text
+    assert (tmp_path / "study" / "env_regret_mean.png").exists()
