@@ -57,7 +57,13 @@ def get_config(arg=None):
     c.agent.context_budget = 1024
     c.agent.temperature = 1.0
     c.agent.replay_envs = 2
-    c.rl.lr = 1e-5
+    # Design every 2 iterations and score a design on both iterations of its pool (the
+    # reference regenerates every 4 and delays by 4: with 10 iterations that is 3 designs);
+    # two updates per batch so the PPO ratio moves; lr 1e-4 (1e-5 moved nothing in 10 iterations).
+    c.designer.regeneration_period = 2
+    c.designer.reward_delay = 2
+    c.rl.lr = 1e-4
+    c.rl.updates_per_iteration = 2
     c.rl.weight_decay = 0.0
     c.rl.row_length = 1024
     c.rl.micro_batch_rows = 8  # bounds activation memory; divisible by 1, 2, 4 and 8 devices
@@ -78,6 +84,9 @@ def get_config(arg=None):
         c.agent.max_new_tokens = 12
         c.agent.context_budget = 768
         c.agent.replay_envs = 1
+        c.designer.regeneration_period = 1
+        c.designer.reward_delay = 1
+        c.rl.updates_per_iteration = 1
         c.rl.row_length = 2048
         c.rl.micro_batch_rows = 0
         c.log.progress = False
