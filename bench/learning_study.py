@@ -18,7 +18,8 @@ Arms (``--arms``, default all):
   placebo       hints of the same length that carry no information (the noise floor of regret)
 
 The report (``--report``, default ``bench/learning_study.md``, PNGs beside it) gives per arm,
-mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end,
+mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end
+(greedy, and sampled where the preset sets ``eval.sampled_temperature``),
 admission rate, regret, the unclipped hinted - plain gap and designer reward over the run,
 and plots their curves per iteration.
 
@@ -112,9 +113,10 @@ def run_study(args, preset) -> None:
                   *_arm_flags(arm, preset, args)], workdir / "log.txt")
 
 
-def _heldout_key(rows: list[dict]) -> str | None:
+def _heldout_key(rows: list[dict], sampled: bool = False) -> str | None:
+    """The first suite's overall score key: greedy, or its `eval.sampled_temperature` twin."""
     keys = sorted({k for row in rows for k in row if k.startswith("eval/") and k.count("/") == 2
-                   and k.endswith("/score")})
+                   and k.endswith("/score") and k.endswith("-sampled/score") == sampled})
     return keys[0] if keys else None
 
 
@@ -138,18 +140,24 @@ def report(args) -> str:
              f"{args.study_dir}`. Values: mean over seeds ± half the min-max spread; run means are over "
              "the iterations that report the metric.", "",
              f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
-             "| arm | held-out at the end | admission | regret | gap | designer reward | agent tokens | iterations |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| arm | held-out at the end | sampled | admission | regret | gap | designer reward | agent tokens "
+             "| iterations |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     curves: dict[str, dict[str, list[list[float]]]] = {}
     per_seed: dict[str, dict[int, dict]] = {}
     for arm in args.arms:
         runs = [_rows(args.study_dir / arm / f"seed{seed}") for seed in args.seeds]
         runs = [[row for row in rows if "iteration" in row] for rows in runs]
         if not any(runs):
-            lines.append(f"| {arm} | not run | | | | | | |")
+            lines.append(f"| {arm} | not run | | | | | | | |")
             continue
         key = next((k for k in map(_heldout_key, runs) if k), None)
-        end = [next((row[key] for row in reversed(rows) if key and key in row), None) for rows in runs]
+        sampled_key = next((k for k in (_heldout_key(rows, sampled=True) for rows in runs) if k), None)
+
+        def at_end(metric):
+            return [next((row[metric] for row in reversed(rows) if metric and metric in row), None) for rows in runs]
+
+        end = at_end(key)
 
         def run_mean(metric, rows_list=runs, reduce=np.nanmean):
             return [float(reduce([r[metric] for r in rows if metric in r])) if any(metric in r for r in rows)
@@ -161,14 +169,15 @@ def report(args) -> str:
         def run_min(metric):
             return run_mean(metric, reduce=np.nanmin)
 
-        lines.append(f"| {arm} | {_mean_spread(end)} | {_mean_spread(run_mean('designer/admission_rate'))} | "
+        lines.append(f"| {arm} | {_mean_spread(end)} | {_mean_spread(at_end(sampled_key))} | "
+                     f"{_mean_spread(run_mean('designer/admission_rate'))} | "
                      f"{_mean_spread(run_mean('env/regret_mean'))} | {_mean_spread(run_mean('env/gap_mean'))} | "
                      f"{_mean_spread(run_mean('designer/reward_mean'))} | "
                      f"{_mean_spread(run_total('agent/generated_tokens'))} | {[len(r) for r in runs]} |")
         per_seed[arm] = {seed: {"end": e, "regret": r, "admission_min": a} for seed, e, r, a in zip(
             args.seeds, end, run_mean("env/regret_mean"), run_min("designer/admission_rate")) if e is not None
             or r is not None}
-        for metric in [m for m, _ in CURVES] + ([key] if key else []):
+        for metric in [m for m, _ in CURVES] + [k for k in (key, sampled_key) if k]:
             curves.setdefault(metric, {})[arm] = [[row.get(metric, math.nan) for row in rows] for rows in runs]
     lines += _criteria(per_seed, initial)
     _plot(curves, args.report.with_suffix(""))

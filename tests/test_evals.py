@@ -147,6 +147,23 @@ def test_envs_suite_end_to_end_is_reproducible_and_lists_its_items_once(heldout,
     assert runner.metrics(first)[f"eval/{result.name}/score"] == summary["score"]
 
 
+def test_a_sampled_temperature_scores_greedy_suites_again_sampled_on_the_same_items(heldout, policy, tmp_path):
+    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'}", episodes_per_env=2, max_turns=8,
+                            sampled_temperature=1.0)
+    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+        greedy, sampled = runner.run_suites(policy, pool, cfg, AgentConfig(max_turns=2, max_new_tokens=8,
+                                                                           context_budget=768), tmp_path, progress=False)
+    assert (greedy.name, sampled.name) == ("envs-tallest", "envs-tallest-sampled")
+    assert greedy.summary["settings"]["temperature"] == 0.0 and sampled.summary["settings"]["temperature"] == 1.0
+    assert greedy.summary["items"] == sampled.summary["items"] == 2
+    rows = [[json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+            for name in (greedy.name, sampled.name)]
+    assert [r["item_id"] for r in rows[0]] == [r["item_id"] for r in rows[1]]
+    assert {"eval/envs-tallest/score", "eval/envs-tallest-sampled/score"} <= set(runner.metrics([greedy, sampled]))
+    with pytest.raises(ValueError, match="out of range"):
+        runner.EvalConfig(sampled_temperature=-1.0)
+
+
 def test_a_suite_that_cannot_run_says_why_and_the_others_run(heldout, policy, tmp_path, capsys):
     cfg = runner.EvalConfig(suites=f"envs:{tmp_path / 'missing'},envs:{heldout}", episodes_per_env=1, max_turns=1,
                             limit=1)

@@ -30,7 +30,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
             {"iteration": 0, "designer/admission_rate": admission[0], "env/regret_mean": regret[0],
              "agent/generated_tokens": 100},
             {"iteration": 1, "designer/admission_rate": admission[1], "env/regret_mean": regret[1],
-             "agent/generated_tokens": 50, key: end},
+             "agent/generated_tokens": 50, key: end, "eval/envs-2-programs-sampled/score": end / 2},
         ])
         _write_run(tmp_path / "placebo" / f"seed{seed}", [{"iteration": 0, "env/regret_mean": 0.05 * (seed + 1)}])
     args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=2, seeds=[0, 1],
@@ -38,7 +38,9 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     text = study.report(args)
     spade_row = next(line for line in text.splitlines() if line.startswith("| spade |"))
     # held-out at the end (0.5, 0.125); admission run means (0.75, 0.5); regret (0.3, 0.1); tokens 150 each
-    assert spade_row.split(" | ")[1:4] == ["0.312 ± 0.188 (n=2)", "0.625 ± 0.125 (n=2)", "0.200 ± 0.100 (n=2)"]
+    # the sampled twin of the held-out score, (0.25, 0.0625), never taken for the greedy one
+    assert spade_row.split(" | ")[1:5] == ["0.312 ± 0.188 (n=2)", "0.156 ± 0.094 (n=2)", "0.625 ± 0.125 (n=2)",
+                                           "0.200 ± 0.100 (n=2)"]
     assert "150.000 ± 0.000 (n=2)" in spade_row
     assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
     # per seed: lowest admission, regret, the placebo's regret on the same seed, held-out end, initial

@@ -41,7 +41,10 @@ class EvalConfig:
     max_turns: turns of an episode item that does not set its own; batch_size: chats per
     sampler call; acebench_dir: the ACEBench data directory when the spec gives none;
     admission: the run's admission (its sandbox and limits), with which environment suites
-    admit their programs (None: the defaults).
+    admit their programs (None: the defaults); sampled_temperature: when > 0, every suite
+    whose settings are greedy is also scored sampled at this temperature, on the same items
+    and seeds, under the name ``<suite>-sampled`` (greedy scores the policy's mode, sampled
+    the distribution training draws from).
     """
 
     suites: str = ""
@@ -53,9 +56,11 @@ class EvalConfig:
     batch_size: int = 32
     acebench_dir: str = ""
     admission: AdmissionConfig | None = None
+    sampled_temperature: float = 0.0
 
     def __post_init__(self):
-        if self.every < 0 or self.limit < 0 or self.episodes_per_env < 1 or self.max_turns < 1 or self.batch_size < 1:
+        if (self.every < 0 or self.limit < 0 or self.episodes_per_env < 1 or self.max_turns < 1 or self.batch_size < 1
+                or self.sampled_temperature < 0):
             raise ValueError(f"eval config out of range: {self}")
 
     @property
@@ -182,6 +187,11 @@ class Evaluator:
                 items = list(suite.items(cfg.limit or None, cfg.seed))
                 self._suites.append((spec, suite, items))
                 print(f"eval {spec}: {len(items)} items ({time.perf_counter() - started:.1f} s to list)", flush=True)
+                if cfg.sampled_temperature > 0 and suite.settings.temperature == 0:
+                    sampled = dataclasses.replace(
+                        suite, name=f"{suite.name}-sampled",
+                        settings=dataclasses.replace(suite.settings, temperature=cfg.sampled_temperature))
+                    self._suites.append((f"{spec} (sampled)", sampled, items))
             except SuiteUnavailable as err:
                 print(f"eval {spec}: skipped: {err}", flush=True)
                 self._suites.append((spec, None, str(err)))
