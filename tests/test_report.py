@@ -181,6 +181,16 @@ def test_resume_drops_later_history_and_matches_uninterrupted(tmp_path):
     assert [r["iteration"] for r in runlog.read_metrics(resumed)] == [0, 1, 2, 3, 4]
 
 
+def test_tensorboard_tags_replace_the_characters_tensorboard_refuses(tmp_path, caplog):
+    caplog.set_level("INFO")  # tensorboardX logs each tag it has to change at INFO
+    with runlog.MetricsWriter(tmp_path) as writer:
+        writer.write(0, {"eval/suite/pass@1": 0.5, "eval/suite-sampled/score": 0.25})
+    (events,) = [_read_tf_events(f) for f in (tmp_path / "tensorboard").glob("events.out.tfevents.*")]
+    assert _scalars(events) == {("eval/suite/pass_1", 0): 0.5, ("eval/suite-sampled/score", 0): 0.25}
+    assert "illegal" not in caplog.text
+    assert runlog.read_metrics(tmp_path)[0]["eval/suite/pass@1"] == 0.5  # metrics.jsonl keeps the key
+
+
 def test_tensorboard_scalars_and_purge_on_resume(tmp_path):
     _run(tmp_path, range(3))
     _run(tmp_path, range(2, 4), resume_from=1)

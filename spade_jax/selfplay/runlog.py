@@ -5,7 +5,8 @@ Files in the workdir (the gallery in ``gallery.py`` reads the two JSONL logs):
 - ``metrics.jsonl``: one line per iteration, ``{"iteration": i, "<metric>": float|null, ...}``
   (non-finite values become null). No wall-clock fields, so a resumed run's file equals
   an uninterrupted run's byte for byte.
-- ``tensorboard/``: the same scalars as TensorBoard event files (tag = metric key).
+- ``tensorboard/``: the same scalars as TensorBoard event files (tag = metric key, with the
+  characters TensorBoard refuses in a tag, such as the ``@`` of ``pass@k``, as ``_``).
 - ``gallery/envs.jsonl``: one `EnvLogEntry` per designed (or replayed) environment and
   iteration, as a JSON object without its null fields.
 
@@ -21,12 +22,14 @@ import json
 import math
 import os
 import pathlib
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+_TAG_UNSAFE = re.compile(r"[^-/\w.]")  # what TensorBoard would replace itself, logging each time
 GALLERY_DIR = "gallery"
 ENVS_FILE = "envs.jsonl"
 
@@ -159,7 +162,7 @@ class MetricsWriter:
         _append_lines(self.path, [{"iteration": int(iteration), **values}])
         for key, value in values.items():
             if value is not None:
-                self._tb.add_scalar(key, value, global_step=int(iteration))
+                self._tb.add_scalar(_TAG_UNSAFE.sub("_", key), value, global_step=int(iteration))
         self._tb.flush()
 
     def close(self) -> None:
