@@ -130,7 +130,8 @@ def _mean_spread(values: list[float]) -> str:
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
         return "-"
-    return f"{np.mean(values):.3f} ± {(max(values) - min(values)) / 2:.3f} (n={len(values)})"
+    digits = 0 if max(abs(v) for v in values) >= 100 else 3  # token counts without decimals
+    return f"{np.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f} (n={len(values)})"
 
 
 def report(args) -> str:

@@ -41,7 +41,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     # the sampled twin of the held-out score, (0.25, 0.0625), never taken for the greedy one
     assert spade_row.split(" | ")[1:5] == ["0.312 ± 0.188 (n=2)", "0.156 ± 0.094 (n=2)", "0.625 ± 0.125 (n=2)",
                                            "0.200 ± 0.100 (n=2)"]
-    assert "150.000 ± 0.000 (n=2)" in spade_row
+    assert "150 ± 0 (n=2)" in spade_row
     assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
     # per seed: lowest admission, regret, the placebo's regret on the same seed, held-out end, initial
     assert "| 0 | 0.500 | 0.300 | 0.050 | 0.500 | 0.250 |" in text
