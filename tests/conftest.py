@@ -94,16 +94,19 @@ def runlocal_config(tmp_path_factory, tiny_bootstrap_cache):
 
 @pytest.fixture
 def canned_sampler():
-    """``canned_sampler(ids)``: a stand-in for `spade_jax.sampling.generate` that answers every
-    prompt with the token ids ``ids`` (for `play_episodes(sample=...)`)."""
+    """``canned_sampler(ids, calls=None)``: a stand-in for `spade_jax.sampling.generate` that
+    answers every prompt with the token ids ``ids`` (for `play_episodes(sample=...)` or patched
+    over `generate`); each call's prompts are appended to ``calls`` when one is given."""
     import numpy as np
 
     from spade_jax.sampling import Generation, GenerationStats
 
-    def make(ids):
+    def make(ids, calls=None):
         ids = np.asarray(ids, np.int32)[None]
 
         def sample(policy, prompts, **kwargs):
+            if calls is not None:
+                calls.append([list(p) for p in prompts])
             n = len(prompts)
             return Generation(tokens=np.repeat(ids, n, 0), logprobs=np.zeros((n, ids.shape[1]), np.float32),
                               lengths=np.full(n, ids.shape[1], np.int32), finished=np.ones(n, bool),

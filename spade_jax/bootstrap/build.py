@@ -269,7 +269,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
         stats["transcripts"] = {"plays": len(admitted) * cfg.agent_seeds * 2, "won": len(transcripts),
                                 "hinted": sum(t.hint is not None for t in transcripts)}
         logging.info("bootstrap: %d solution plays of admitted programs won of %d (%d hinted) in %.1fs",
-                     len(transcripts), len(admitted) * cfg.agent_seeds * 2, stats["transcripts"]["hinted"],
+                     len(transcripts), stats["transcripts"]["plays"], stats["transcripts"]["hinted"],
                      timings["transcripts_s"])
 
         by_key = _by_key(admitted)

@@ -148,9 +148,9 @@ def play_solutions(pool: SandboxPool, programs: Sequence[str], plain_seeds: Sequ
     transcript (the `solution` hint appended to the first observation exactly as the
     rollout appends it). The two seed sets must be disjoint.
     """
-    if set(plain_seeds) & set(hinted_seeds):
-        raise ValueError(f"plain seeds {list(plain_seeds)} and hinted seeds {list(hinted_seeds)} overlap")
     hinted_set = set(hinted_seeds)
+    if hinted_set.intersection(plain_seeds):
+        raise ValueError(f"plain seeds {list(plain_seeds)} and hinted seeds {list(hinted_seeds)} overlap")
     specs = [EpisodeSpec(program=p, seed=s, max_turns=max_turns)
              for p in programs for s in [*plain_seeds, *hinted_seeds]]
     if not specs:
