@@ -41,6 +41,8 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.model, "source", "downloaded"), "model.source"),
         (lambda c: setattr(c.designer, "skills", ("juggling",)), "designer.skills"),
         (lambda c: setattr(c.agent, "context_budget", 16), "agent.context_budget"),
+        (lambda c: setattr(c.agent, "rows", 0), "agent.rows"),
+        (lambda c: setattr(c.agent, "refill_fraction", 0.0), "agent.refill_fraction"),
         (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
         (lambda c: setattr(c.designer, "reward_delay", 0), "designer.reward_delay"),
         (lambda c: setattr(c.memory, "heldout", ("chess",)), "memory.heldout"),

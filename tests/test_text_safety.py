@@ -229,12 +229,12 @@ def test_hint_and_review_prompts_escape_program_text(monkeypatch, hf_tokenizer, 
     policy = types.SimpleNamespace(tokenizer=hf_tokenizer)
     evil_code = f"class XEnv:\n    '''{FORGED}\x1b\ud800'''\n"
     calls = []
-    monkeypatch.setattr(chat, "generate", canned_sampler(hf_tokenizer.encode("Use a hint."), calls))
+    monkeypatch.setattr(chat, "generate_on_rows", canned_sampler(hf_tokenizer.encode("Use a hint."), calls))
     out = hints.write_hints(policy, [evil_code, "class YEnv: pass"], hints.HintConfig(mode="self"))
     assert out == ["Use a hint."] * 2
     assert _count_special(hf_tokenizer, calls[0][0]) == _count_special(hf_tokenizer, calls[0][1])
 
-    monkeypatch.setattr(chat, "generate", canned_sampler(hf_tokenizer.encode("yes"), calls))
+    monkeypatch.setattr(chat, "generate_on_rows", canned_sampler(hf_tokenizer.encode("yes"), calls))
     transcript = [{"role": "system", "content": "s"}, {"role": "user", "content": FORGED},
                   {"role": "assistant", "content": "\\boxed{1}\x1b"}]
     verdicts = review.review(policy, [evil_code, "class YEnv: pass"],

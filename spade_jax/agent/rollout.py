@@ -1,10 +1,18 @@
-"""Batched multi-turn agent episodes: every live episode advances together.
+"""Batched multi-turn agent episodes on the rollout engine.
 
-Each turn makes one sampler call for all episodes still running and one sandbox step
-call for all of them. An episode ends when its environment terminates or truncates, a
-sandbox call fails or times out, it reaches `max_turns`, or its next turn would not fit
-the context budget. Plain and hinted plays of an environment share seeds, so regret
-compares matched instances.
+Episodes run on a `RowEngine` (`spade_jax.sampling.engine`): up to `AgentConfig.rows` at
+once, one per row, each row's KV cache kept across turns, so a turn computes only its new
+tokens (the observation and the next assistant header). A row whose reply ends is stepped
+in the sandbox and goes on with its next turn without waiting for the other rows; a row
+whose episode ends takes the next waiting episode (continuous batching). With
+`overlap_sandbox` the sandbox steps finished replies while the next decode chunk runs.
+`play_episodes(sample=...)` plays lock-step turns instead: one sampler call per turn for every
+live episode (tests with canned samplers, external agents, the benchmark's baseline).
+
+An episode ends when its environment terminates or truncates, a sandbox call fails or times
+out, it reaches `max_turns`, or its next turn would not fit the context budget. Plain and
+hinted plays of an environment share seeds, so regret compares matched instances. Sampled
+replies depend on the seed, the episode's index and the turn, not on rows or timing.
 
 Everything an environment says is data: observations (and the hint appended to the first
 one) enter the prompt through `Conversation`, which cleans them and escapes the
@@ -15,7 +23,11 @@ bounded from the sandbox host.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
+import math
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,7 +36,8 @@ from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import Conversation
 from spade_jax.envs.contract import is_success
 from spade_jax.rl.rewards import episode_rewards
-from spade_jax.sampling import Generation, generate
+from spade_jax.sampling import Generation
+from spade_jax.sampling.engine import EngineStats, RowEngine
 from spade_jax.sandbox import EpisodeSpec
 from spade_jax.sandbox.text import clean_text
 
@@ -50,6 +63,11 @@ class AgentConfig:
     top_k: int = 0
     timeout_penalty: float = -0.5
     system_prompt: str = AGENT_SYSTEM_PROMPT
+    rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
+    refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
+    # Step finished replies in the sandbox while the next chunk decodes (they rejoin a chunk
+    # later): worth it for slow environments; the library's steps take under a millisecond.
+    overlap_sandbox: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +135,25 @@ def solution_hint(solution: str | None) -> str | None:
 
 
 @dataclasses.dataclass
+class RolloutStats:
+    """Where the time of `play_episodes` calls went (seconds), summed over the calls it was passed to."""
+
+    wall_s: float = 0.0
+    sandbox_wait_s: float = 0.0  # the host waited on the sandbox with the device idle
+    engine: EngineStats = dataclasses.field(default_factory=EngineStats)
+
+    @property
+    def device_busy_fraction(self) -> float:
+        """Share of the wall time, compilation left out, the host spent waiting on engine programs."""
+        run_s = self.wall_s - self.engine.compile_s
+        return self.engine.device_s / run_s if run_s > 0 else 0.0
+
+
+@dataclasses.dataclass
 class _Live:
     request: EpisodeRequest
     episode_id: int
+    stream: int
     conversation: Conversation | None = None
     turns: int = 0
     final_reward: float = 0.0
@@ -137,23 +171,31 @@ def play_episodes(
     *,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
-    sample: Callable[..., Generation] = generate,
+    sample: Callable[..., Generation] | None = None,
     read_action: Callable[[str], str] = parse_action,
+    stats: RolloutStats | None = None,
 ) -> list[Trajectory]:
     """Plays every request to the end; trajectories come back in request order.
 
-    `sample` has the signature of `spade_jax.sampling.generate`; tests and external
-    agents may pass their own. `read_action` turns a decoded reply into what the pool's
-    ``step`` receives (benchmark pools that parse replies their own way take them whole). `progress(n)` is told of every `n` episodes that ended, however
-    they ended (a failed start included), so its counts add up to `len(requests)`.
+    By default episodes run on the `RowEngine` (`_play_on_engine`): up to `cfg.rows` at
+    once, each row's KV cache kept across turns, finished replies stepped in the sandbox
+    while the other rows decode, and free rows refilled with waiting episodes. With
+    `sample` (the signature of `spade_jax.sampling.generate`; tests and external agents
+    pass their own) episodes play in lock-step turns instead (`_play_lockstep`): one
+    `sample` call per turn for every live episode, each conversation sent whole. `read_action` turns a decoded reply into what the pool's ``step``
+    receives (benchmark pools that parse replies their own way take them whole).
+    `progress(n)` is told of every `n` episodes that ended, however they ended (a failed
+    start included), so its counts add up to `len(requests)`. `stats` accumulates timings.
     """
     if not requests:
         return []
+    started = time.perf_counter()
+    stats = stats if stats is not None else RolloutStats()
     tokenizer = policy.tokenizer
     starts = pool.start(
         [EpisodeSpec(program=r.program, seed=r.seed, max_turns=cfg.max_turns) for r in requests]
     )
-    episodes = [_Live(r, s.episode_id) for r, s in zip(requests, starts)]
+    episodes = [_Live(r, s.episode_id, i) for i, (r, s) in enumerate(zip(requests, starts))]
     need_solution = [e for e, s in zip(episodes, starts) if s.ok and e.request.hinted and e.request.hint_from_solution]
     solutions = dict(
         zip((e.episode_id for e in need_solution), pool.solution([e.episode_id for e in need_solution]))
@@ -180,50 +222,13 @@ def play_episodes(
             progress(ended - reported)
         reported = ended
 
-    turn = 0
-    while True:
-        live = [e for e in episodes if not e.end_reason]
-        for e in live:
-            if len(e.conversation) + cfg.max_new_tokens > cfg.context_budget:
-                e.end_reason = "context"
-        report_ended()
-        live = [e for e in live if not e.end_reason]
-        if not live:
-            break
-        generation = sample(
-            policy,
-            [e.conversation.tokens for e in live],
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]),
-        )
-        actions = []
-        for row, e in enumerate(live):
-            n = int(generation.lengths[row])
-            ids = generation.tokens[row, :n]
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            e.conversation.add_response(ids, generation.logprobs[row, :n], text)
-            actions.append(read_action(text))
-        results = pool.step([e.episode_id for e in live], actions)
-        for row, (e, result) in enumerate(zip(live, results)):
-            e.turns += 1
-            if not result.ok:
-                _end(e, result, "timeout" if result.timed_out else "error")
-            elif result.terminated:
-                e.final_reward, e.terminated = result.reward, True
-                e.end_reason = "terminated"
-            elif result.truncated:
-                e.end_reason = "truncated"
-            elif e.turns >= cfg.max_turns:
-                e.end_reason = "max_turns"
-            else:
-                e.conversation.add_observation(tokenizer, result.observation, bool(generation.finished[row]))
-        report_ended()
-        turn += 1
+    if sample is None:
+        _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended, stats)
+    else:
+        _play_lockstep(policy, pool, episodes, cfg, seed, read_action, report_ended, sample)
 
     pool.close([e.episode_id for e in episodes])
+    stats.wall_s += time.perf_counter() - started
     rewards = episode_rewards(
         [e.final_reward for e in episodes],
         [e.terminated for e in episodes],
@@ -249,6 +254,138 @@ def play_episodes(
             )
         )
     return out
+
+
+def _out_of_context(e: _Live, cfg: AgentConfig) -> bool:
+    """Ends the episode (reason "context") when its next turn would not fit the context budget."""
+    if len(e.conversation) + cfg.max_new_tokens > cfg.context_budget:
+        e.end_reason = "context"
+    return bool(e.end_reason)
+
+
+def _settle(e: _Live, result, cfg: AgentConfig, tokenizer, reply_finished: bool) -> bool:
+    """Applies a sandbox step result; True when the episode goes on (its next observation added)."""
+    e.turns += 1
+    if not result.ok:
+        _end(e, result, "timeout" if result.timed_out else "error")
+    elif result.terminated:
+        e.final_reward, e.terminated = result.reward, True
+        e.end_reason = "terminated"
+    elif result.truncated:
+        e.end_reason = "truncated"
+    elif e.turns >= cfg.max_turns:
+        e.end_reason = "max_turns"
+    else:
+        e.conversation.add_observation(tokenizer, result.observation, reply_finished)
+        return True
+    return False
+
+
+def _play_lockstep(policy, pool, episodes, cfg, seed, read_action, report_ended, sample) -> None:
+    """Every live episode advances together: one `sample` call per turn, then one sandbox step call."""
+    tokenizer = policy.tokenizer
+    turn = 0
+    while True:
+        live = [e for e in episodes if not e.end_reason and not _out_of_context(e, cfg)]
+        report_ended()
+        if not live:
+            break
+        generation = sample(
+            policy,
+            [e.conversation.tokens for e in live],
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]),
+        )
+        actions = []
+        for row, e in enumerate(live):
+            n = int(generation.lengths[row])
+            ids = generation.tokens[row, :n]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            e.conversation.add_response(ids, generation.logprobs[row, :n], text)
+            actions.append(read_action(text))
+        results = pool.step([e.episode_id for e in live], actions)
+        for row, (e, result) in enumerate(zip(live, results)):
+            _settle(e, result, cfg, tokenizer, bool(generation.finished[row]))
+        report_ended()
+        turn += 1
+
+
+def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended, stats: RolloutStats) -> None:
+    """Continuous batching over `RowEngine` rows.
+
+    Each `engine.step` decodes until a share (`cfg.refill_fraction`) of the rows finished
+    their reply. Their actions go to the sandbox; with `cfg.overlap_sandbox` the step runs
+    in a thread while the engine decodes the next chunk, and its results are applied after
+    that chunk (the observation appended, or the episode ended and its row refilled).
+    """
+    tokenizer = policy.tokenizer
+    waiting = collections.deque(e for e in episodes if not e.end_reason)
+    if not waiting:
+        return
+    engine = RowEngine(policy, min(cfg.rows, len(waiting)), max_new_tokens=cfg.max_new_tokens,
+                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, stats=stats.engine)
+    exit_after = max(1, math.ceil(cfg.refill_fraction * engine.rows))
+    row_of: dict[int, int] = {}  # episode stream -> row
+
+    def begin_turn(e: _Live, row: int) -> bool:
+        if _out_of_context(e, cfg):
+            engine.release(row)
+            return False
+        row_of[e.stream] = row
+        engine.submit(row, e.conversation.tokens, stream=e.stream, turn=e.turns)
+        return True
+
+    def apply(stepped, results) -> None:
+        for (e, finished), result in zip(stepped, results):
+            row = row_of.pop(e.stream)
+            if not (_settle(e, result, cfg, tokenizer, finished) and begin_turn(e, row)):
+                engine.release(row)
+        report_ended()
+
+    def sandbox_step(stepped, actions):
+        return stepped, pool.step([e.episode_id for e, _ in stepped], actions)
+
+    by_row: dict[int, _Live] = {}
+    executor = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap_sandbox else None
+    in_flight = None
+    try:
+        while True:
+            for row in engine.free_rows():
+                while waiting and not begin_turn(waiting[0], row):
+                    waiting.popleft()
+                    report_ended()
+                if waiting:
+                    by_row[row] = waiting.popleft()
+            if not engine.num_active and in_flight is None and not waiting:
+                break
+            replies = engine.step(exit_after)
+            if in_flight is not None:
+                waited = time.perf_counter()
+                apply(*in_flight.result())
+                stats.sandbox_wait_s += time.perf_counter() - waited
+                in_flight = None
+            if not replies:
+                continue
+            stepped, actions = [], []
+            for reply in replies:
+                e = by_row[reply.row]
+                text = tokenizer.decode(reply.tokens, skip_special_tokens=True)
+                e.conversation.add_response(reply.tokens, reply.logprobs, text)
+                actions.append(read_action(text))
+                stepped.append((e, reply.stopped))
+            if executor is not None:
+                in_flight = executor.submit(sandbox_step, stepped, actions)
+            else:
+                waited = time.perf_counter()
+                apply(*sandbox_step(stepped, actions))
+                stats.sandbox_wait_s += time.perf_counter() - waited
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True)
+        engine.close()
 
 
 def _end(episode: _Live, result, reason: str) -> None:

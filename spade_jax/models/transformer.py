@@ -329,7 +329,8 @@ def apply_block(
     """One decoder layer over `x_BTD`: pre-norm attention, then pre-norm SwiGLU MLP, each added to the residual.
 
     `w` is the layer's `Block.weights()`. `kv` is this layer's `(k_BKHS, v_BKSH)` cache, or None
-    without a cache; the new keys/values are written to it at slots `[write_at, write_at + T)`.
+    without a cache; the new keys/values are written to it at slots `[write_at, write_at + T)`
+    (`write_at` a scalar, or one start per row).
     `attend_cache` says the queries attend over the whole (written) cache under `mask_BTS`
     `(B, T, cache length)`; otherwise they attend causally among themselves under `mask_BTS`
     `(B, T, T)`. Returns the new `x_BTD` and the updated `kv`.
@@ -349,12 +350,14 @@ def apply_block(
     if kv is not None:
         # Write the new keys/values in place in this layer's cache.
         k_BKHS, v_BKSH = kv
-        k_BKHS = jax.lax.dynamic_update_slice(
-            k_BKHS, k_BTKH.transpose(0, 2, 3, 1).astype(k_BKHS.dtype), (0, 0, 0, write_at)
-        )
-        v_BKSH = jax.lax.dynamic_update_slice(
-            v_BKSH, v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype), (0, 0, write_at, 0)
-        )
+        k_BKHT = k_BTKH.transpose(0, 2, 3, 1).astype(k_BKHS.dtype)
+        v_BKTH = v_BTKH.transpose(0, 2, 1, 3).astype(v_BKSH.dtype)
+        if jnp.ndim(write_at) == 0:
+            k_BKHS = jax.lax.dynamic_update_slice(k_BKHS, k_BKHT, (0, 0, 0, write_at))
+            v_BKSH = jax.lax.dynamic_update_slice(v_BKSH, v_BKTH, (0, 0, write_at, 0))
+        else:  # one slot per row (`Transformer.extend_rows`)
+            k_BKHS = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, 0, s)))(k_BKHS, k_BKHT, write_at)
+            v_BKSH = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (0, s, 0)))(v_BKSH, v_BKTH, write_at)
         kv = (constrain(k_BKHS, _KEY_CACHE_AXES), constrain(v_BKSH, _VALUE_CACHE_AXES))
     if attend_cache:
         out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
@@ -476,3 +479,83 @@ class Transformer(nnx.Module):
                 write_at + T,
             )
         return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_cache
+
+    def extend_rows(self, tokens_BT, starts_B, layers_kv):
+        """Appends `tokens_BT` to per-row caches at slots `[starts_B[b], starts_B[b] + T)`.
+
+        The row cache of the rollout engine (`spade_jax.sampling.engine`): each row holds one
+        conversation from slot 0, a token's position is its slot, and every slot below a row's
+        start holds a real token, so a query attends to the slots up to its own and nothing
+        else is masked. Slots past a row's real tokens may hold garbage (padding of the chunk,
+        or writes of an idle row); a later append overwrites them before any query reads them.
+        `layers_kv` is one `(k_BKHS, v_BKSH)` pair per layer. Returns the final-normed hidden
+        states `(B, T, D)` and the updated pairs.
+        """
+        cfg = self.config
+        B, T = tokens_BT.shape
+        S = layers_kv[0][0].shape[-1]
+        positions_BT = starts_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        mask_BTS = positions_BT[:, :, None] >= jnp.arange(S, dtype=jnp.int32)[None, None, :]
+        x_BTD = embed_lookup(self.embed_VD[...], tokens_BT).astype(jnp.dtype(cfg.dtype))
+        block = functools.partial(
+            apply_block, config=cfg, positions_BT=positions_BT, inv_freq=rope_inverse_frequencies(cfg),
+            mask_BTS=mask_BTS, write_at=starts_B, attend_cache=True,
+        )
+        new_kv = []
+        for layer, kv in zip(self.layers, layers_kv):
+            x_BTD, kv = block(x_BTD, layer.weights(), kv)
+            new_kv.append(kv)
+        return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_kv
+
+    def append_rows(self, tokens_AT, starts_A, lengths_A, rows_A, layers_kv, *, with_history: bool):
+        """Writes the keys/values of `tokens_AT` into rows `rows_A` of per-row caches, at slots
+        `[starts_A[a], starts_A[a] + lengths_A[a])`; the chunk's padding (and a row with length 0)
+        writes nothing.
+
+        The rollout engine's append (`spade_jax.sampling.engine`). A chunk token attends causally
+        to the chunk and, `with_history`, to its row's slots below `starts_A` (gathered out of
+        the cache); without history (every row starts at slot 0) the chunk runs as a plain
+        causal prefill. Only the new slots are scattered back. `layers_kv` is one
+        `(k_BKHS, v_BKSH)` pair per layer over every row; returns the updated pairs.
+        """
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        A, T = tokens_AT.shape
+        S = layers_kv[0][0].shape[-1]
+        t_T = jnp.arange(T, dtype=jnp.int32)
+        positions_AT = starts_A[:, None] + t_T[None, :]
+        real_AT = t_T[None, :] < lengths_A[:, None]
+        slots_AT = jnp.where(real_AT, positions_AT, S)  # out of range: dropped by the scatter
+        causal_ATT = jnp.broadcast_to(t_T[:, None] >= t_T[None, :], (A, T, T))
+        history_ATS = jnp.broadcast_to(jnp.arange(S)[None, None, :] < starts_A[:, None, None], (A, T, S))
+        inv_freq = rope_inverse_frequencies(cfg)
+        eps = cfg.rms_norm_eps
+        x_ATD = embed_lookup(self.embed_VD[...], tokens_AT).astype(dt)
+        new_kv = []
+        for layer, (k_BKHS, v_BKSH) in zip(self.layers, layers_kv):
+            w = layer.weights()
+            a = w["attn"]
+            h_ATD = rms_norm(x_ATD, w["attn_norm"], eps)
+            q_ATNH = project_heads(h_ATD, a["q"], dt)
+            k_ATKH = project_heads(h_ATD, a["k"], dt)
+            v_ATKH = project_heads(h_ATD, a["v"], dt)
+            if cfg.qk_norm:
+                q_ATNH = rms_norm(q_ATNH, a["q_norm"], eps)
+                k_ATKH = rms_norm(k_ATKH, a["k_norm"], eps)
+            q_ATNH = apply_rope(q_ATNH, positions_AT, inv_freq)
+            k_ATKH = apply_rope(k_ATKH, positions_AT, inv_freq)
+            if with_history:
+                keys_AKHS = jnp.concatenate([k_BKHS[rows_A].astype(dt), k_ATKH.transpose(0, 2, 3, 1)], axis=-1)
+                values_AKSH = jnp.concatenate([v_BKSH[rows_A].astype(dt), v_ATKH.transpose(0, 2, 1, 3)], axis=2)
+                out_ATNH = attention(q_ATNH, keys_AKHS, values_AKSH, jnp.concatenate([history_ATS, causal_ATT], -1))
+            else:
+                out_ATNH = causal_self_attention(q_ATNH, k_ATKH, v_ATKH, causal_ATT)
+            o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)
+            x_ATD = x_ATD + linear(out_ATNH.reshape(A, T, -1), o_DE)
+            h_ATD = rms_norm(x_ATD, w["mlp_norm"], eps)
+            x_ATD = x_ATD + MLP.apply(w["mlp"], h_ATD)
+            rows_AT = jnp.broadcast_to(rows_A[:, None], (A, T))
+            k_BKHS = k_BKHS.at[rows_AT, :, :, slots_AT].set(k_ATKH.astype(k_BKHS.dtype), mode="drop")
+            v_BKSH = v_BKSH.at[rows_AT, :, slots_AT, :].set(v_ATKH.astype(v_BKSH.dtype), mode="drop")
+            new_kv.append((constrain(k_BKHS, _KEY_CACHE_AXES), constrain(v_BKSH, _VALUE_CACHE_AXES)))
+        return new_kv

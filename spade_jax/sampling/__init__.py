@@ -8,10 +8,15 @@
 - `tokens`: next-token selection inside the loop (greedy, temperature, top-k, top-p)
   and the chosen tokens' log-probs.
 - `host_memory`: hands freed KV-cache memory back to the OS after a call on CPU.
-- `chat`: `complete_chats`, chats to decoded replies (chat template, one `generate`
-  call, decode); the designer, the hint writer and the self-review ask through it.
+- `engine`: `RowEngine`, decode rows that keep their KV cache between calls (a turn
+  appends only its new tokens), finish and refill independently; the agent's episodes
+  (`agent.rollout.play_episodes`) run on it, and `generate_on_rows` gives `generate`'s
+  contract on it.
+- `chat`: `complete_chats`, chats to decoded replies (chat template, `generate_on_rows`,
+  decode); the designer, the hint writer and the self-review ask through it.
 
 Shape suffixes follow the legend in `spade_jax.models`.
 """
 
 from spade_jax.sampling.sampler import Generation, GenerationStats, generate
+from spade_jax.sampling.engine import EngineStats, RowEngine, generate_on_rows

@@ -1,7 +1,9 @@
-"""Chats to completions: the chat template, one batched `generate` call, the decoded replies.
+"""Chats to completions: the chat template, the rollout engine's rows, the decoded replies.
 
-The designer, the hint writer and the self-review all ask the policy one question per
-item; this is the one place that turns their chats into sampled replies.
+The designer, the hint writer, the self-review and the one-reply evaluations all ask the
+policy one question per item; this is the one place that turns their chats into sampled
+replies. They run on the same `RowEngine` as the agent's episodes (`generate_on_rows`): a
+row takes the next chat as soon as its reply ends.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spade_jax.sampling.sampler import generate
+from spade_jax.sampling.engine import generate_on_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +29,13 @@ class Completion:
 
 def complete_chats(policy, chats: Sequence[Sequence[dict]], *, max_new_tokens: int, temperature: float = 1.0,
                    top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> list[Completion]:
-    """One completion per chat (a list of ``{"role", "content"}`` messages), sampled in one batch."""
+    """One completion per chat (a list of ``{"role", "content"}`` messages)."""
     if not chats:
         return []
     tokenizer = policy.tokenizer
     prompts = [tokenizer.apply_chat_template(list(chat), add_generation_prompt=True) for chat in chats]
-    generation = generate(policy, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          top_k=top_k, seed=seed)
+    generation = generate_on_rows(policy, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, seed=seed)
     completions = []
     for i, prompt in enumerate(prompts):
         n = int(generation.lengths[i])

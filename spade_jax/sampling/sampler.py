@@ -116,15 +116,14 @@ def generate(
     multi-process run must call this with the same arguments; all get the full result.
     """
     cfg = policy.config
-    _check_args(max_new_tokens, temperature, top_p, top_k)
+    check_sampling_args(max_new_tokens, temperature, top_p, top_k)
     tokenizer = policy.tokenizer
     if stop_token_ids is None:
         stop_token_ids = list(tokenizer.eos_token_ids) if tokenizer is not None else []
     pad_id = int(tokenizer.pad_id) if tokenizer is not None else 0
     mesh, rules = policy.mesh, policy.rules
 
-    batch_shards = _batch_shards(mesh, rules)
-    B = bucket(len(prompts), 1, batch_shards)
+    B = bucket(len(prompts), 1, batch_shards(mesh, rules))
     T = bucket(max((len(p) for p in prompts), default=1), MIN_PROMPT_BUCKET)
     N = bucket(max_new_tokens, MIN_NEW_TOKENS_BUCKET)
     longest = max((len(p) for p in prompts), default=0) + max_new_tokens
@@ -140,7 +139,7 @@ def generate(
 
     graphdef, state = nnx.split(policy.model)
     host = _host_inputs(batch, stops, seed, max_new_tokens, temperature, top_p, top_k, pad_id)
-    args = _place(host, mesh, rules)
+    args = place_inputs(host, mesh, rules)
 
     programs, compile_s = _programs(graphdef, state, args, mesh, rules, N, truncate)
 
@@ -181,7 +180,7 @@ _DECODE_INPUTS = (
 )
 
 
-def _check_args(max_new_tokens, temperature, top_p, top_k) -> None:
+def check_sampling_args(max_new_tokens, temperature, top_p, top_k) -> None:
     if int(max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not temperature >= 0:
@@ -192,7 +191,7 @@ def _check_args(max_new_tokens, temperature, top_p, top_k) -> None:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
 
 
-def _batch_shards(mesh, rules) -> int:
+def batch_shards(mesh, rules) -> int:
     """Number of devices the batch axis is split over when it divides evenly."""
     return int(np.prod([mesh.shape[a] for a in dict(rules).get("batch", ())]))
 
@@ -217,7 +216,7 @@ def _host_inputs(batch: PromptBatch, stops, seed, max_new_tokens, temperature, t
     }
 
 
-def _place(host: dict, mesh, rules) -> dict:
+def place_inputs(host: dict, mesh, rules) -> dict:
     """Global arrays built from the (identical on every process) host arrays; batch-leading ones sharded."""
     placed = {}
     for name, value in host.items():

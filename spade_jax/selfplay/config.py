@@ -294,6 +294,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("agent.replay_envs", "must be >= 1 when designer.enabled is False (the agent only replays memory)")
     if c.agent.episodes_per_env < 1:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")
+    if c.agent.rows < 1:
+        _fail("agent.rows", f"must be >= 1 (episodes decoded at once), got {c.agent.rows}")
+    if not 0 < c.agent.refill_fraction <= 1:
+        _fail("agent.refill_fraction", f"must be in (0, 1], got {c.agent.refill_fraction}")
     if c.agent.max_new_tokens >= c.agent.context_budget:
         _fail("agent.context_budget", f"must exceed agent.max_new_tokens ({c.agent.max_new_tokens})")
     if c.rl.row_length < c.agent.context_budget:

@@ -1,0 +1,508 @@
+"""`RowEngine`: a decode batch whose rows keep their KV cache between calls.
+
+A row holds one conversation (an episode, or one prompt) from slot 0 of its cache.
+The caller hands a row the conversation's tokens (`submit`); the engine appends what
+the cache does not hold yet and decodes the reply, and the next turn only appends the
+new tokens (the observation and the next assistant header), never the prefix again.
+The last token of a submission, and the last sampled token of a reply, stay pending:
+the first decode step feeds it, so a row either decodes or waits, with one program
+for both.
+
+`step` runs one *chunk*: the pending appends (one program over the rows that append,
+gathered out of the batch and scattered back), then an in-graph `lax.while_loop` decode
+over every row that leaves when `exit_after` rows have finished their reply (stop
+token or length limit), when no row is active, or after `max_new_tokens` steps. Rows
+that finished are handed back at once, so the caller can step their environments and
+refill them while the others keep decoding (continuous batching); a row never waits
+for the longest reply of a turn.
+
+Shapes are bucketed (`stepped_bucket`: powers of two, then steps): the row count is
+fixed per engine; an append pass writes up to `MAX_FRESH_TOKENS` tokens into each of some
+empty rows, or up to `MAX_APPEND_TOKENS` onto each of some rows' histories (a longer
+append takes several passes); the cache holds the longest row's need (`cache_bucket`),
+resized (a copy) when that bucket changes. The programs compiled
+are counted per kind (`compiled`), bounded by the bucket counts.
+
+Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
+episode index) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`, so sampled
+replies do not depend on which row an episode got or on when it ran.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from spade_jax.models.sharding import activation_sharding, logical_to_spec
+from spade_jax.sampling.batching import bucket
+from spade_jax.sampling.host_memory import release_freed_memory
+from spade_jax.sampling.sampler import Generation, GenerationStats, batch_shards, check_sampling_args, place_inputs
+from spade_jax.sampling.tokens import select_tokens, token_logprobs
+
+MIN_CACHE_BUCKET = 128
+CACHE_STEP = 256  # bucket steps (`stepped_bucket`): cache slots,
+APPEND_STEP = 32  # tokens of an append onto a history,
+FRESH_STEP = 64  # tokens of an append into an empty row,
+ROWS_STEP = 4  # and rows of an append pass
+MAX_APPEND_TOKENS = 128  # tokens per row per pass onto a history: a longer append takes several passes
+MAX_FRESH_TOKENS = 1024  # tokens per row per pass into an empty row (a plain causal prefill)
+MIN_APPEND_TOKENS = 16
+_KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
+_VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A finished reply of one row: its tokens (the stop token included when `stopped`) and log-probs."""
+
+    row: int
+    tokens: np.ndarray  # int32
+    logprobs: np.ndarray  # float32, under the unmodified policy (temperature 1)
+    stopped: bool  # ended on a stop token (else on its length limit)
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Where an engine's time went (seconds) and how much it did."""
+
+    compile_s: float = 0.0
+    append_s: float = 0.0
+    decode_s: float = 0.0
+    resize_s: float = 0.0
+    chunks: int = 0
+    append_passes: int = 0
+    decode_steps: int = 0  # loop iterations, every row computed at each
+    generated_tokens: int = 0
+    appended_tokens: int = 0
+    max_cache_length: int = 0  # the largest cache bucket used, in slots per row
+    compiled: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def device_s(self) -> float:
+        """Seconds the host waited on engine programs (the device was busy for at least as long)."""
+        return self.append_s + self.decode_s + self.resize_s
+
+
+_PROGRAMS: dict[tuple, jax.stages.Compiled] = {}
+
+
+def stepped_bucket(n: int, step: int, multiple: int = 1) -> int:
+    """A power of two up to `step`, then a multiple of `step` (each a multiple of `multiple`).
+
+    Finer than powers of two where padding costs most: every decode step reads the whole
+    cache of every row, and an append pass computes every padded row and token. Each bucket
+    is one more compiled program, so the steps stay coarse."""
+    if n <= step:
+        return bucket(n, 1, multiple)
+    return bucket(-(-n // step) * step, 1, multiple) if multiple > step else -(-n // step) * step
+
+
+def cache_bucket(slots: int) -> int:
+    """Cache length for `slots`: at least `MIN_CACHE_BUCKET`, then `stepped_bucket` by `CACHE_STEP`."""
+    return stepped_bucket(max(slots, MIN_CACHE_BUCKET), CACHE_STEP)
+
+
+class RowEngine:
+    """`rows` decode rows over `policy`, each with a KV cache kept across `submit`/`step` calls.
+
+    Sampling settings are fixed per engine; `max_new_tokens` bounds one reply (a row's
+    `limit` may be lower). `stats` (shared with the caller when given) accumulates timings.
+    Every process of a multi-process run must make the same calls.
+    """
+
+    def __init__(self, policy, rows: int, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int = 0, stop_token_ids: Sequence[int] | None = None,
+                 stats: EngineStats | None = None):
+        check_sampling_args(max_new_tokens, temperature, top_p, top_k)
+        self.policy = policy
+        tokenizer = policy.tokenizer
+        if stop_token_ids is None:
+            stop_token_ids = list(tokenizer.eos_token_ids) if tokenizer is not None else []
+        self.pad_id = int(tokenizer.pad_id) if tokenizer is not None else 0
+        self.rows = bucket(rows, 1, batch_shards(policy.mesh, policy.rules))
+        self.max_new_tokens = int(max_new_tokens)
+        self.num_steps = bucket(max_new_tokens, 16)
+        self.truncate = top_k > 0 or top_p < 1
+        stops = np.full((bucket(len(stop_token_ids), 4),), -1, np.int32)
+        stops[: len(stop_token_ids)] = np.asarray(stop_token_ids, np.int32)
+        self._scalars = {
+            "stops_S": stops, "seed": np.asarray(int(seed) % 2**32, np.uint32),
+            "temperature": np.asarray(temperature, np.float32), "top_p": np.asarray(top_p, np.float32),
+            "top_k": np.asarray(top_k, np.int32), "pad_id": np.asarray(self.pad_id, np.int32),
+        }
+        self.stats = stats if stats is not None else EngineStats()
+        R = self.rows
+        self.history: list[list[int]] = [[] for _ in range(R)]  # tokens in the cache, then the pending one
+        self.lengths = np.zeros(R, np.int32)  # slots written: len(history) - 1 once a row holds anything
+        self.active = np.zeros(R, bool)
+        self.reply_len = np.zeros(R, np.int32)
+        self.limit = np.zeros(R, np.int32)
+        self.stream = np.zeros(R, np.uint32)
+        self.turn = np.zeros(R, np.uint32)
+        self._reply_tokens: list[list[int]] = [[] for _ in range(R)]
+        self._reply_logprobs: list[list[float]] = [[] for _ in range(R)]
+        self._appends: dict[int, list[int]] = {}
+        self._cache = None
+        self._graphdef, self._state = nnx.split(policy.model)
+
+    # ---- rows
+
+    def free_rows(self) -> list[int]:
+        """Rows holding nothing (never used, or released)."""
+        return [r for r in range(self.rows) if not self.history[r]]
+
+    def release(self, row: int) -> None:
+        """Forgets the row's conversation; its slots are overwritten by the next one."""
+        if self.active[row]:
+            raise ValueError(f"row {row} is still decoding")
+        self.history[row] = []
+        self.lengths[row] = 0
+        self._appends.pop(row, None)
+
+    def submit(self, row: int, tokens: Sequence[int], *, stream: int, turn: int, limit: int | None = None) -> None:
+        """Starts a reply after `tokens`, the row's whole conversation so far.
+
+        On a row in use, `tokens` must extend what the row holds (its earlier tokens and the
+        reply it sampled); only the new tokens are computed. `limit` caps the reply's length
+        (default `max_new_tokens`). The work runs at the next `step`.
+        """
+        tokens = [int(t) for t in tokens]
+        held = self.history[row]
+        if self.active[row]:
+            raise ValueError(f"row {row} is still decoding")
+        if not tokens or len(tokens) < len(held) or tokens[: len(held)] != held:
+            raise ValueError(f"row {row}: the submitted tokens do not extend the {len(held)} tokens it holds")
+        limit = self.max_new_tokens if limit is None else int(limit)
+        if not 1 <= limit <= self.max_new_tokens:
+            raise ValueError(f"limit must be in [1, {self.max_new_tokens}], got {limit}")
+        vocab = self.policy.config.vocab_size
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            raise ValueError(f"row {row}: token ids outside [0, {vocab})")
+        if len(tokens) + limit > self.policy.config.max_position_embeddings:
+            raise ValueError(f"row {row}: {len(tokens)} tokens + a {limit}-token reply exceed the model's "
+                             f"max_position_embeddings ({self.policy.config.max_position_embeddings})")
+        self.history[row] = tokens
+        new = tokens[self.lengths[row] : -1]
+        if new:
+            self._appends[row] = new
+        self.active[row] = True
+        self.reply_len[row] = 0
+        self.limit[row] = limit
+        self.stream[row] = stream % 2**32
+        self.turn[row] = turn % 2**32
+        self._reply_tokens[row], self._reply_logprobs[row] = [], []
+
+    @property
+    def num_active(self) -> int:
+        return int(self.active.sum())
+
+    def close(self) -> None:
+        """Frees the cache now (and, on CPU, hands its memory back to the OS); the engine is done."""
+        for layer in self._cache or ():
+            for buffer in layer:
+                buffer.delete()
+        self._cache = None
+        release_freed_memory(self.policy.mesh.devices.flat)
+
+    # ---- one chunk
+
+    def step(self, exit_after: int = 1) -> list[Reply]:
+        """Runs the pending appends and one decode chunk; returns the replies that finished in it.
+
+        The chunk ends once `exit_after` rows finished a reply (or none is active, or after
+        `max_new_tokens` steps); rows still mid-reply carry on at the next `step`.
+        """
+        if not self.active.any():
+            return []
+        after_append = self.lengths.copy()
+        for row, new in self._appends.items():
+            after_append[row] += len(new)
+        need = np.where(self.active, after_append + self.limit - self.reply_len, after_append + 1)
+        self._fit_cache(cache_bucket(int(need.max())))
+        while self._appends:
+            self._run_append_pass()
+        return self._run_decode(max(1, min(int(exit_after), self.num_active)))
+
+    def _fit_cache(self, length: int) -> None:
+        cfg = self.policy.config
+        self.stats.max_cache_length = max(self.stats.max_cache_length, length)
+        if self._cache is None:
+            self._cache = self._program("init", (length,), lambda: jax.jit(
+                _init_cache, static_argnames=("config", "rows", "length", "mesh", "rules"),
+                out_shardings=self._cache_shardings(length),
+            ).lower(config=cfg, rows=self.rows, length=length, mesh=self.policy.mesh, rules=self.policy.rules))()
+            return
+        current = self.cache_length
+        if current == length:
+            return
+        k_sharding, v_sharding = self._cache_shardings(length)[0]
+        resize = self._program("resize", (current, length), lambda: jax.jit(
+            _resize, static_argnames=("length",), out_shardings=(k_sharding, v_sharding),
+        ).lower(self._cache[0], length=length))
+        start = time.perf_counter()
+        resized = []
+        for layer in self._cache:  # one layer at a time: the old and new caches are never both whole
+            resized.append(jax.block_until_ready(resize(layer)))
+            for buffer in layer:
+                buffer.delete()
+        self._cache = resized
+        release_freed_memory(self.policy.mesh.devices.flat)
+        self.stats.resize_s += time.perf_counter() - start
+
+    def _run_append_pass(self) -> None:
+        """Writes the next pending tokens of a group of rows: the rows that hold nothing yet (a
+        plain causal prefill, up to `MAX_FRESH_TOKENS` each), else every row with an append (up
+        to `MAX_APPEND_TOKENS` each, attending to the row's history)."""
+        fresh = sorted(r for r in self._appends if self.lengths[r] == 0)
+        rows = fresh or sorted(self._appends)
+        limit = MAX_FRESH_TOKENS if fresh else MAX_APPEND_TOKENS
+        longest = max(MIN_APPEND_TOKENS, *(len(self._appends[r]) for r in rows))
+        T = min(limit, stepped_bucket(longest, FRESH_STEP if fresh else APPEND_STEP))
+        A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
+        pieces = [self._appends[r][:T] for r in rows]
+        rows_A = np.full(A, rows[0], np.int32)  # padding entries repeat a row and write nothing
+        rows_A[: len(rows)] = rows
+        tokens_AT = np.full((A, T), self.pad_id, np.int32)
+        lengths_A = np.zeros(A, np.int32)
+        for i, piece in enumerate(pieces):
+            tokens_AT[i, : len(piece)] = piece
+            lengths_A[i] = len(piece)
+        starts_A = self.lengths[rows_A].copy()
+        if (starts_A + lengths_A > self.cache_length).any():
+            raise AssertionError("an append pass would write past the cache; the cache was sized too small")
+        host = {"rows_A": rows_A, "tokens_AT": tokens_AT, "starts_A": starts_A, "lengths_A": lengths_A}
+        args = place_inputs(host, self.policy.mesh, self.policy.rules)
+        inputs = [args[name] for name in ("tokens_AT", "starts_A", "lengths_A", "rows_A")]
+        append = self._program("append", (A, T, self.cache_length, not fresh), lambda: jax.jit(
+            _append, static_argnames=("graphdef", "with_history", "mesh", "rules"), donate_argnums=(1,),
+            out_shardings=self._cache_shardings(self.cache_length),
+        ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, with_history=not fresh,
+                mesh=self.policy.mesh, rules=self.policy.rules))
+        start = time.perf_counter()
+        self._cache = jax.block_until_ready(append(self._state, self._cache, *inputs))
+        self.stats.append_s += time.perf_counter() - start
+        self.stats.append_passes += 1
+        for row, piece in zip(rows, pieces):
+            self.lengths[row] += len(piece)
+            self.stats.appended_tokens += len(piece)
+            rest = self._appends.pop(row)[len(piece):]
+            if rest:
+                self._appends[row] = rest
+
+    def _run_decode(self, exit_after: int) -> list[Reply]:
+        if (np.where(self.active, self.lengths + self.limit - self.reply_len, self.lengths + 1)
+                > self.cache_length).any():
+            raise AssertionError("a decode chunk could write past the cache; the cache was sized too small")
+        host = {
+            "last_B": np.asarray([h[-1] if h else self.pad_id for h in self.history], np.int32),
+            "lengths_B": self.lengths.copy(), "active_B": self.active.copy(), "reply_len_B": self.reply_len.copy(),
+            "limit_B": self.limit.copy(), "stream_B": self.stream.copy(), "turn_B": self.turn.copy(),
+            **self._scalars, "exit_after": np.asarray(exit_after, np.int32),
+        }
+        args = place_inputs(host, self.policy.mesh, self.policy.rules)
+        replicated = NamedSharding(self.policy.mesh, PartitionSpec())
+        decode = self._program("decode", (self.cache_length, self.num_steps, self.truncate), lambda: jax.jit(
+            _decode, static_argnames=("graphdef", "num_steps", "truncate", "mesh", "rules"), donate_argnums=(1,),
+            out_shardings=(replicated, self._cache_shardings(self.cache_length)),
+        ).lower(self._state, self._cache, *(args[n] for n in _DECODE_INPUTS), graphdef=self._graphdef,
+                num_steps=self.num_steps, truncate=self.truncate, mesh=self.policy.mesh, rules=self.policy.rules))
+        start = time.perf_counter()
+        out, self._cache = decode(self._state, self._cache, *(args[n] for n in _DECODE_INPUTS))
+        tokens_BN, logprobs_BN, count_B, finished_B, stopped_B, steps = jax.device_get(out)
+        self.stats.decode_s += time.perf_counter() - start
+        self.stats.chunks += 1
+        self.stats.decode_steps += int(steps)
+        self.stats.generated_tokens += int(count_B.sum())
+        replies = []
+        for row in np.flatnonzero(self.active):
+            n = int(count_B[row])
+            self._reply_tokens[row] += tokens_BN[row, :n].tolist()
+            self._reply_logprobs[row] += logprobs_BN[row, :n].tolist()
+            self.history[row] += tokens_BN[row, :n].tolist()
+            self.lengths[row] += n
+            self.reply_len[row] += n
+            if finished_B[row]:
+                self.active[row] = False
+                replies.append(Reply(int(row), np.asarray(self._reply_tokens[row], np.int32),
+                                     np.asarray(self._reply_logprobs[row], np.float32), bool(stopped_B[row])))
+        return replies
+
+    # ---- programs
+
+    @property
+    def cache_length(self) -> int:
+        """Slots per row in the current cache bucket."""
+        return self._cache[0][0].shape[-1]
+
+    def _cache_shardings(self, length: int):
+        abstract = jax.eval_shape(lambda: _init_cache(self.policy.config, self.rows, length, None, None))
+        mesh, rules = self.policy.mesh, self.policy.rules
+        return [
+            (NamedSharding(mesh, logical_to_spec(_KEY_AXES, k.shape, mesh, rules)),
+             NamedSharding(mesh, logical_to_spec(_VALUE_AXES, v.shape, mesh, rules)))
+            for k, v in abstract
+        ]
+
+    def _program(self, kind: str, shape: tuple, lower) -> jax.stages.Compiled:
+        params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
+        key = (kind, shape, self.rows, self._graphdef, params, self.policy.mesh, self.policy.rules)
+        if key not in _PROGRAMS:
+            start = time.perf_counter()
+            _PROGRAMS[key] = lower().compile()
+            self.stats.compile_s += time.perf_counter() - start
+            self.stats.compiled[kind] += 1
+        return _PROGRAMS[key]
+
+
+_DECODE_INPUTS = ("last_B", "lengths_B", "active_B", "reply_len_B", "limit_B", "stream_B", "turn_B", "stops_S",
+                  "seed", "temperature", "top_p", "top_k", "pad_id", "exit_after")
+
+
+def _init_cache(config, rows, length, mesh, rules):
+    """Zeroed per-layer `(k_BKHS, v_BKSH)` pairs."""
+    dtype = jnp.dtype(config.dtype)
+    K, H = config.num_kv_heads, config.head_dim
+    return [(jnp.zeros((rows, K, H, length), dtype), jnp.zeros((rows, K, length, H), dtype))
+            for _ in range(config.num_layers)]
+
+
+def _resize(layer, *, length):
+    """One layer's `(k_BKHS, v_BKSH)` with `length` slots: cut at the end or padded with zeros."""
+    def fit(x, axis):
+        if x.shape[axis] >= length:
+            return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, length - x.shape[axis])
+        return jnp.pad(x, pad)
+
+    k_BKHS, v_BKSH = layer
+    return fit(k_BKHS, 3), fit(v_BKSH, 2)
+
+
+def _append(state, cache, tokens_AT, starts_A, lengths_A, rows_A, *, graphdef, with_history, mesh, rules):
+    """`Transformer.append_rows` over the engine's cache."""
+    model = nnx.merge(graphdef, state)
+    with activation_sharding(mesh, rules):
+        return model.append_rows(tokens_AT, starts_A, lengths_A, rows_A, cache, with_history=with_history)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    """The carry of the decode `lax.while_loop`."""
+
+    step: jax.Array  # int32: loop iterations so far, the column the next tokens go to
+    cache: list
+    last_B: jax.Array  # int32: the pending token each row feeds next
+    lengths_B: jax.Array  # int32: slots written per row
+    active_B: jax.Array  # bool: the row is decoding
+    reply_len_B: jax.Array  # int32: tokens of the current reply so far
+    tokens_BN: jax.Array  # int32: this chunk's tokens, from column 0 per row
+    logprobs_BN: jax.Array  # float32
+    count_B: jax.Array  # int32: tokens recorded this chunk
+    finished_B: jax.Array  # bool: the reply ended in this chunk
+    stopped_B: jax.Array  # bool: ... on a stop token
+
+
+def _decode(state, cache, last_B, lengths_B, active_B, reply_len_B, limit_B, stream_B, turn_B, stops_S, seed,
+            temperature, top_p, top_k, pad_id, exit_after, *, graphdef, num_steps, truncate, mesh, rules):
+    """Decodes every active row until `exit_after` replies finished, none is active, or `num_steps` steps.
+
+    Each iteration feeds every row's pending token at its next slot (idle rows write a
+    slot past their real ones, overwritten later), samples the next token of the active
+    rows and records it. Returns `(tokens_BN, logprobs_BN, count_B, finished_B, stopped_B,
+    steps)` and the cache, which aliases the donated input.
+    """
+    model = nnx.merge(graphdef, state)
+    B = last_B.shape[0]
+    base_key = jax.random.key(seed)
+
+    def keys(reply_len_B):
+        fold = jax.random.fold_in
+        return jax.vmap(lambda s, t, i: fold(fold(fold(base_key, s), t), i))(stream_B, turn_B, reply_len_B)
+
+    def cond(c: _Chunk):
+        return (c.step < num_steps) & jnp.any(c.active_B) & (jnp.sum(c.finished_B) < exit_after)
+
+    def body(c: _Chunk) -> _Chunk:
+        hidden_B1D, cache = model.extend_rows(c.last_B[:, None], c.lengths_B, c.cache)
+        logits_BV = model.logits_from_hidden(hidden_B1D)[:, 0]
+        tokens_B = select_tokens(logits_BV, keys(c.reply_len_B), temperature, top_k, top_p, truncate=truncate)
+        logprobs_B = token_logprobs(logits_BV, tokens_B)
+        on_B = c.active_B
+        grown_B = on_B.astype(jnp.int32)
+        reply_len_B = c.reply_len_B + grown_B
+        hit_stop_B = jnp.any(tokens_B[:, None] == stops_S[None, :], axis=-1)
+        ended_B = on_B & (hit_stop_B | (reply_len_B >= limit_B))
+        return _Chunk(
+            step=c.step + 1, cache=cache, last_B=jnp.where(on_B, tokens_B, c.last_B),
+            lengths_B=c.lengths_B + grown_B, active_B=on_B & ~ended_B, reply_len_B=reply_len_B,
+            tokens_BN=jax.lax.dynamic_update_slice(c.tokens_BN, jnp.where(on_B, tokens_B, pad_id)[:, None], (0, c.step)),
+            logprobs_BN=jax.lax.dynamic_update_slice(c.logprobs_BN, jnp.where(on_B, logprobs_B, 0.0)[:, None],
+                                                     (0, c.step)),
+            count_B=c.count_B + grown_B, finished_B=c.finished_B | ended_B, stopped_B=c.stopped_B | (on_B & hit_stop_B),
+        )
+
+    with activation_sharding(mesh, rules):
+        chunk = _Chunk(
+            step=jnp.int32(0), cache=cache, last_B=last_B, lengths_B=lengths_B, active_B=active_B,
+            reply_len_B=reply_len_B, tokens_BN=jnp.full((B, num_steps), pad_id, jnp.int32),
+            logprobs_BN=jnp.zeros((B, num_steps), jnp.float32), count_B=jnp.zeros((B,), jnp.int32),
+            finished_B=jnp.zeros((B,), bool), stopped_B=jnp.zeros((B,), bool),
+        )
+        chunk = jax.lax.while_loop(cond, body, chunk)
+    out = (chunk.tokens_BN, chunk.logprobs_BN, chunk.count_B, chunk.finished_B, chunk.stopped_B, chunk.step)
+    return out, chunk.cache
+
+
+def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                     stop_token_ids: Sequence[int] | None = None, rows: int = 32,
+                     refill_fraction: float = 0.25) -> Generation:
+    """`generate`'s contract on a `RowEngine`: one reply per prompt, `rows` prompts decoding at
+    once, a row refilled with the next prompt as soon as its reply ends.
+
+    Prompt i samples with stream i, so replies do not depend on `rows`.
+    """
+    if not prompts:
+        raise ValueError("generate needs at least one prompt; got an empty prompts list")
+    engine = RowEngine(policy, min(rows, len(prompts)), max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids)
+    exit_after = max(1, int(np.ceil(refill_fraction * engine.rows)))
+    waiting = collections.deque(enumerate(prompts))
+    owner: dict[int, int] = {}
+    replies: dict[int, Reply] = {}
+    try:
+        while waiting or engine.num_active:
+            for row in engine.free_rows():
+                if not waiting:
+                    break
+                owner[row], prompt = waiting.popleft()
+                engine.submit(row, prompt, stream=owner[row], turn=0)
+            for reply in engine.step(exit_after):
+                replies[owner[reply.row]] = reply
+                engine.release(reply.row)
+    finally:
+        engine.close()
+    n = len(prompts)
+    tokens = np.full((n, max_new_tokens), engine.pad_id, np.int32)
+    logprobs = np.zeros((n, max_new_tokens), np.float32)
+    for i, reply in replies.items():
+        tokens[i, : len(reply.tokens)] = reply.tokens
+        logprobs[i, : len(reply.tokens)] = reply.logprobs
+    stats = engine.stats
+    return Generation(
+        tokens=tokens, logprobs=logprobs,
+        lengths=np.asarray([len(replies[i].tokens) for i in range(n)], np.int32),
+        finished=np.asarray([replies[i].stopped for i in range(n)], bool),
+        stats=GenerationStats(stats.compile_s, stats.append_s, stats.decode_s, stats.decode_steps,
+                              (engine.rows, stats.max_cache_length, engine.num_steps)),
+    )
