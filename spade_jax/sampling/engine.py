@@ -152,6 +152,8 @@ class RowEngine:
         self._appends: dict[int, list[int]] = {}
         self._cache = None
         self._graphdef, self._state = nnx.split(policy.model)
+        params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
+        self._signature = (self._graphdef, params, policy.mesh, policy.rules)  # what else a program depends on
 
     # ---- rows
 
@@ -352,8 +354,7 @@ class RowEngine:
         ]
 
     def _program(self, kind: str, shape: tuple, lower) -> jax.stages.Compiled:
-        params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
-        key = (kind, shape, self.rows, self._graphdef, params, self.policy.mesh, self.policy.rules)
+        key = (kind, shape, self.rows, self._signature)
         if key not in _PROGRAMS:
             start = time.perf_counter()
             _PROGRAMS[key] = lower().compile()

@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 
 from spade_jax.agent import matched_requests, play_episodes, write_hints
+from spade_jax.agent.rollout import RolloutStats
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.review import rejection_reason, review
@@ -224,8 +225,11 @@ class SelfPlay:
         self._checkpoint_phase()
 
         start = time.perf_counter()
-        trajectories = self._play(envs, it)
+        play_stats = RolloutStats()
+        trajectories = self._play(envs, it, play_stats)
         times["episodes_s"] = time.perf_counter() - start
+        times["episodes_compile_s"] = play_stats.engine.compile_s
+        metrics["agent/device_busy"] = play_stats.device_busy_fraction
         self._checkpoint_phase()
         review_rejected: dict[str, str] = {}
         if cfg.designer.self_review:
@@ -325,7 +329,7 @@ class SelfPlay:
         for env, hint in zip(missing, hints):
             env.hint = hint
 
-    def _play(self, envs: Sequence[PoolEnv], it: int):
+    def _play(self, envs: Sequence[PoolEnv], it: int, stats: RolloutStats):
         k = self.config.agent.episodes_per_env
         requests = []
         for e_index, env in enumerate(envs):
@@ -342,6 +346,7 @@ class SelfPlay:
                 self.agent_cfg,
                 seed=derive_seed(self.config.seed, it, _PHASES["episodes"]),
                 progress=bar.update,
+                stats=stats,
             )
 
     def _self_review(self, envs, trajectories, it: int, metrics: dict):
