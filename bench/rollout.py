@@ -161,7 +161,7 @@ def child(args) -> None:
     policy = load_policy(args)
     cfg = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, context_budget=args.context,
                       temperature=args.temperature, rows=args.rows, refill_fraction=args.refill_fraction,
-                      overlap_sandbox=not args.no_overlap)
+                      overlap_sandbox=args.overlap)
     sample = {"engine": None, "lockstep": generate, "hf": hf_sampler(policy, args.cores) if args.engine == "hf" else None}[
         args.engine]
     reqs = requests(args.episodes)
@@ -202,14 +202,17 @@ def child(args) -> None:
 
 
 def main() -> None:
+    from spade_jax.agent import AgentConfig
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     parser.add_argument("--bootstrap", help="tiny: a finished bootstrap directory")
     parser.add_argument("--engines", default="engine,lockstep,hf")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rows", type=int, default=32, help="engine rows (concurrent episodes)")
-    parser.add_argument("--refill_fraction", type=float, default=0.25)
-    parser.add_argument("--no_overlap", action="store_true", help="engine: step the sandbox between chunks")
+    parser.add_argument("--refill_fraction", type=float, default=AgentConfig.refill_fraction)
+    parser.add_argument("--overlap", action="store_true", default=AgentConfig.overlap_sandbox,
+                        help="engine: step the sandbox while the next chunk decodes")
     parser.add_argument("--max_turns", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=2048, help="context budget per episode")

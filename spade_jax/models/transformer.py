@@ -190,6 +190,28 @@ def attention(q_BTNH, k_BKHS, v_BKSH, mask_BTS):
     return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
+def attention_with_history(q_BTNH, k_BKHS, v_BKSH, mask_BTS, k_BKHT, v_BKTH, mask_BTT):
+    """`attention` over two key sets at once, a cache `S` and the chunk's own `T` keys, with one
+    softmax across both: the same result as concatenating them, without copying the cache."""
+    B, T, N, H = q_BTNH.shape
+    K = k_BKHS.shape[1]
+    wide = at_least_float32(q_BTNH.dtype)
+    q_BKGTH = q_BTNH.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
+    scale = 1 / math.sqrt(H)
+    cached_BKGTS = jnp.einsum("bkgth,bkhs->bkgts", q_BKGTH, k_BKHS, preferred_element_type=wide) * scale
+    own_BKGTU = jnp.einsum("bkgth,bkhu->bkgtu", q_BKGTH, k_BKHT, preferred_element_type=wide) * scale
+    cached_BKGTS = jnp.where(mask_BTS[:, None, None], cached_BKGTS, _MASKED)
+    own_BKGTU = jnp.where(mask_BTT[:, None, None], own_BKGTU, _MASKED)
+    top = jnp.maximum(cached_BKGTS.max(-1, keepdims=True), own_BKGTU.max(-1, keepdims=True))
+    cached_BKGTS = jnp.exp(cached_BKGTS - top)
+    own_BKGTU = jnp.exp(own_BKGTU - top)
+    total = cached_BKGTS.sum(-1, keepdims=True) + own_BKGTU.sum(-1, keepdims=True)
+    dt = v_BKSH.dtype
+    out_BKGTH = (jnp.einsum("bkgts,bksh->bkgth", (cached_BKGTS / total).astype(dt), v_BKSH)
+                 + jnp.einsum("bkgtu,bkuh->bkgth", (own_BKGTU / total).astype(dt), v_BKTH))
+    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+
+
 def causal_self_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT):
     """`attention` of a sequence over itself, causal, in query blocks that skip future keys.
 
@@ -545,9 +567,10 @@ class Transformer(nnx.Module):
             q_ATNH = apply_rope(q_ATNH, positions_AT, inv_freq)
             k_ATKH = apply_rope(k_ATKH, positions_AT, inv_freq)
             if with_history:
-                keys_AKHS = jnp.concatenate([k_BKHS[rows_A].astype(dt), k_ATKH.transpose(0, 2, 3, 1)], axis=-1)
-                values_AKSH = jnp.concatenate([v_BKSH[rows_A].astype(dt), v_ATKH.transpose(0, 2, 1, 3)], axis=2)
-                out_ATNH = attention(q_ATNH, keys_AKHS, values_AKSH, jnp.concatenate([history_ATS, causal_ATT], -1))
+                out_ATNH = attention_with_history(
+                    q_ATNH, k_BKHS[rows_A].astype(dt), v_BKSH[rows_A].astype(dt), history_ATS,
+                    k_ATKH.transpose(0, 2, 3, 1), v_ATKH.transpose(0, 2, 1, 3), causal_ATT,
+                )
             else:
                 out_ATNH = causal_self_attention(q_ATNH, k_ATKH, v_ATKH, causal_ATT)
             o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)

@@ -228,8 +228,10 @@ class SelfPlay:
         play_stats = RolloutStats()
         trajectories = self._play(envs, it, play_stats)
         times["episodes_s"] = time.perf_counter() - start
+        # Timing counters (time/*: not reproduced by a resume): compilation, device use, programs built.
         times["episodes_compile_s"] = play_stats.engine.compile_s
-        metrics["agent/device_busy"] = play_stats.device_busy_fraction
+        times["episodes_device_busy"] = play_stats.device_busy_fraction
+        times["episodes_programs_compiled"] = sum(play_stats.engine.compiled.values())
         self._checkpoint_phase()
         review_rejected: dict[str, str] = {}
         if cfg.designer.self_review:
