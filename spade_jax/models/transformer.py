@@ -345,6 +345,27 @@ def project_heads(h_BTD, w_NHD, dtype):
     return linear(h_BTD, w_NHD.reshape(N * H, D).astype(dtype)).reshape(*h_BTD.shape[:2], N, H)
 
 
+def attention_inputs(h_BTD, a: dict, config: ModelConfig, positions_BT, inv_freq):
+    """Queries, keys and values of one layer's attention: projections, Qwen3's q/k norms, rope."""
+    dt = jnp.dtype(config.dtype)
+    q_BTNH = project_heads(h_BTD, a["q"], dt)
+    k_BTKH = project_heads(h_BTD, a["k"], dt)
+    v_BTKH = project_heads(h_BTD, a["v"], dt)
+    if config.qk_norm:
+        q_BTNH = rms_norm(q_BTNH, a["q_norm"], config.rms_norm_eps)
+        k_BTKH = rms_norm(k_BTKH, a["k_norm"], config.rms_norm_eps)
+    return apply_rope(q_BTNH, positions_BT, inv_freq), apply_rope(k_BTKH, positions_BT, inv_freq), v_BTKH
+
+
+def block_output(x_BTD, out_BTNH, w: dict, config: ModelConfig):
+    """The rest of a layer after attention: output projection and pre-norm SwiGLU MLP, each added to the residual."""
+    o_DE = w["attn"]["o"].reshape(w["attn"]["o"].shape[0], -1).astype(x_BTD.dtype)
+    x_BTD = x_BTD + linear(out_BTNH.reshape(*out_BTNH.shape[:2], -1), o_DE)
+    x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
+    h_BTD = rms_norm(x_BTD, w["mlp_norm"], config.rms_norm_eps)
+    return constrain(x_BTD + MLP.apply(w["mlp"], h_BTD), ("batch", "length", "embed"))
+
+
 def apply_block(
     x_BTD, w: dict, kv, *, config: ModelConfig, positions_BT, inv_freq, mask_BTS, write_at, attend_cache
 ):
@@ -358,17 +379,9 @@ def apply_block(
     `(B, T, T)`. Returns the new `x_BTD` and the updated `kv`.
     """
     dt = jnp.dtype(config.dtype)
-    eps = config.rms_norm_eps
-    a = w["attn"]
-    h_BTD = rms_norm(x_BTD, w["attn_norm"], eps)
-    q_BTNH = project_heads(h_BTD, a["q"], dt)
-    k_BTKH = project_heads(h_BTD, a["k"], dt)
-    v_BTKH = project_heads(h_BTD, a["v"], dt)
-    if config.qk_norm:
-        q_BTNH = rms_norm(q_BTNH, a["q_norm"], eps)
-        k_BTKH = rms_norm(k_BTKH, a["k_norm"], eps)
-    q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, inv_freq), ("batch", "length", "heads", None))
-    k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
+    h_BTD = rms_norm(x_BTD, w["attn_norm"], config.rms_norm_eps)
+    q_BTNH, k_BTKH, v_BTKH = attention_inputs(h_BTD, w["attn"], config, positions_BT, inv_freq)
+    q_BTNH = constrain(q_BTNH, ("batch", "length", "heads", None))
     if kv is not None:
         # Write the new keys/values in place in this layer's cache.
         k_BKHS, v_BKSH = kv
@@ -385,12 +398,7 @@ def apply_block(
         out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
     else:
         out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
-    o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)
-    x_BTD = x_BTD + linear(out_BTNH.reshape(*out_BTNH.shape[:2], -1), o_DE)
-    x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
-    h_BTD = rms_norm(x_BTD, w["mlp_norm"], eps)
-    x_BTD = constrain(x_BTD + MLP.apply(w["mlp"], h_BTD), ("batch", "length", "embed"))
-    return x_BTD, kv
+    return block_output(x_BTD, out_BTNH, w, config), kv
 
 
 class Transformer(nnx.Module):
@@ -551,21 +559,12 @@ class Transformer(nnx.Module):
         causal_ATT = jnp.broadcast_to(t_T[:, None] >= t_T[None, :], (A, T, T))
         history_ATS = jnp.broadcast_to(jnp.arange(S)[None, None, :] < starts_A[:, None, None], (A, T, S))
         inv_freq = rope_inverse_frequencies(cfg)
-        eps = cfg.rms_norm_eps
         x_ATD = embed_lookup(self.embed_VD[...], tokens_AT).astype(dt)
         new_kv = []
         for layer, (k_BKHS, v_BKSH) in zip(self.layers, layers_kv):
             w = layer.weights()
-            a = w["attn"]
-            h_ATD = rms_norm(x_ATD, w["attn_norm"], eps)
-            q_ATNH = project_heads(h_ATD, a["q"], dt)
-            k_ATKH = project_heads(h_ATD, a["k"], dt)
-            v_ATKH = project_heads(h_ATD, a["v"], dt)
-            if cfg.qk_norm:
-                q_ATNH = rms_norm(q_ATNH, a["q_norm"], eps)
-                k_ATKH = rms_norm(k_ATKH, a["k_norm"], eps)
-            q_ATNH = apply_rope(q_ATNH, positions_AT, inv_freq)
-            k_ATKH = apply_rope(k_ATKH, positions_AT, inv_freq)
+            h_ATD = rms_norm(x_ATD, w["attn_norm"], cfg.rms_norm_eps)
+            q_ATNH, k_ATKH, v_ATKH = attention_inputs(h_ATD, w["attn"], cfg, positions_AT, inv_freq)
             if with_history:
                 out_ATNH = attention_with_history(
                     q_ATNH, k_BKHS[rows_A].astype(dt), v_BKSH[rows_A].astype(dt), history_ATS,
@@ -573,10 +572,7 @@ class Transformer(nnx.Module):
                 )
             else:
                 out_ATNH = causal_self_attention(q_ATNH, k_ATKH, v_ATKH, causal_ATT)
-            o_DE = a["o"].reshape(a["o"].shape[0], -1).astype(dt)
-            x_ATD = x_ATD + linear(out_ATNH.reshape(A, T, -1), o_DE)
-            h_ATD = rms_norm(x_ATD, w["mlp_norm"], eps)
-            x_ATD = x_ATD + MLP.apply(w["mlp"], h_ATD)
+            x_ATD = block_output(x_ATD, out_ATNH, w, cfg)
             rows_AT = jnp.broadcast_to(rows_A[:, None], (A, T))
             k_BKHS = k_BKHS.at[rows_AT, :, :, slots_AT].set(k_ATKH.astype(k_BKHS.dtype), mode="drop")
             v_BKSH = v_BKSH.at[rows_AT, :, slots_AT, :].set(v_ATKH.astype(v_BKSH.dtype), mode="drop")
