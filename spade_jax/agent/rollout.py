@@ -328,37 +328,36 @@ def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended
     engine = RowEngine(policy, min(cfg.rows, len(waiting)), max_new_tokens=cfg.max_new_tokens,
                        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, stats=stats.engine)
     exit_after = max(1, math.ceil(cfg.refill_fraction * engine.rows))
-    row_of: dict[int, int] = {}  # episode stream -> row
+    by_row: dict[int, _Live] = {}
 
     def begin_turn(e: _Live, row: int) -> bool:
+        """Starts the episode's next reply on `row`; False (the row released) when it does not fit."""
         if _out_of_context(e, cfg):
             engine.release(row)
             return False
-        row_of[e.stream] = row
+        by_row[row] = e
         engine.submit(row, e.conversation.tokens, stream=e.stream, turn=e.turns)
         return True
 
     def apply(stepped, results) -> None:
-        for (e, finished), result in zip(stepped, results):
-            row = row_of.pop(e.stream)
-            if not (_settle(e, result, cfg, tokenizer, finished) and begin_turn(e, row)):
+        for (row, finished), result in zip(stepped, results):
+            e = by_row[row]
+            if not _settle(e, result, cfg, tokenizer, finished):
                 engine.release(row)
+            else:
+                begin_turn(e, row)
         report_ended()
 
-    def sandbox_step(stepped, actions):
-        return stepped, pool.step([e.episode_id for e, _ in stepped], actions)
+    def sandbox_step(stepped, episode_ids, actions):
+        return stepped, pool.step(episode_ids, actions)
 
-    by_row: dict[int, _Live] = {}
     executor = concurrent.futures.ThreadPoolExecutor(1) if cfg.overlap_sandbox else None
     in_flight = None
     try:
         while True:
             for row in engine.free_rows():
-                while waiting and not begin_turn(waiting[0], row):
-                    waiting.popleft()
+                while waiting and not begin_turn(waiting.popleft(), row):
                     report_ended()
-                if waiting:
-                    by_row[row] = waiting.popleft()
             if not engine.num_active and in_flight is None and not waiting:
                 break
             replies = engine.step(exit_after)
@@ -371,16 +370,16 @@ def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended
                 continue
             stepped, actions = [], []
             for reply in replies:
-                e = by_row[reply.row]
                 text = tokenizer.decode(reply.tokens, skip_special_tokens=True)
-                e.conversation.add_response(reply.tokens, reply.logprobs, text)
+                by_row[reply.row].conversation.add_response(reply.tokens, reply.logprobs, text)
                 actions.append(read_action(text))
-                stepped.append((e, reply.stopped))
+                stepped.append((reply.row, reply.stopped))
+            episode_ids = [by_row[row].episode_id for row, _ in stepped]
             if executor is not None:
-                in_flight = executor.submit(sandbox_step, stepped, actions)
+                in_flight = executor.submit(sandbox_step, stepped, episode_ids, actions)
             else:
                 waited = time.perf_counter()
-                apply(*sandbox_step(stepped, actions))
+                apply(*sandbox_step(stepped, episode_ids, actions))
                 stats.sandbox_wait_s += time.perf_counter() - waited
     finally:
         if executor is not None:

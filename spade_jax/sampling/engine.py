@@ -147,8 +147,7 @@ class RowEngine:
         self.limit = np.zeros(R, np.int32)
         self.stream = np.zeros(R, np.uint32)
         self.turn = np.zeros(R, np.uint32)
-        self._reply_tokens: list[list[int]] = [[] for _ in range(R)]
-        self._reply_logprobs: list[list[float]] = [[] for _ in range(R)]
+        self._reply_logprobs: list[list[float]] = [[] for _ in range(R)]  # the reply's tokens end `history`
         self._appends: dict[int, list[int]] = {}
         self._cache = None
         self._graphdef, self._state = nnx.split(policy.model)
@@ -200,7 +199,7 @@ class RowEngine:
         self.limit[row] = limit
         self.stream[row] = stream % 2**32
         self.turn[row] = turn % 2**32
-        self._reply_tokens[row], self._reply_logprobs[row] = [], []
+        self._reply_logprobs[row] = []
 
     @property
     def num_active(self) -> int:
@@ -326,14 +325,14 @@ class RowEngine:
         replies = []
         for row in np.flatnonzero(self.active):
             n = int(count_B[row])
-            self._reply_tokens[row] += tokens_BN[row, :n].tolist()
             self._reply_logprobs[row] += logprobs_BN[row, :n].tolist()
             self.history[row] += tokens_BN[row, :n].tolist()
             self.lengths[row] += n
             self.reply_len[row] += n
             if finished_B[row]:
                 self.active[row] = False
-                replies.append(Reply(int(row), np.asarray(self._reply_tokens[row], np.int32),
+                reply = self.history[row][len(self.history[row]) - self.reply_len[row]:]
+                replies.append(Reply(int(row), np.asarray(reply, np.int32),
                                      np.asarray(self._reply_logprobs[row], np.float32), bool(stopped_B[row])))
         return replies
 
