@@ -54,7 +54,7 @@ DESIGNER_SYSTEM_PROMPT = """You design training environments for a reasoning age
 - step(self, action: str) -> (observation, reward, terminated, truncated, info); reward in [-1, 1], SUCCESS_REWARD (1.0) on a win; truncated when max_turns runs out
 - solution(self) -> str: the actions that win the instance of the last reset, one per line
 Games take one action per turn as \\boxed{...} (read it with extract_boxed(action)). Tool-use environments subclass ToolUseEnv: declare `tools` (OpenAI function schemas), set self.expected_answer in reset, write tool_<name> methods; the agent calls <tool_call>{"name": ..., "arguments": {...}}</tool_call> and finishes with <answer>...</answer>.
-Import only the standard library (math, random, re, json, itertools, collections, heapq, string, fractions, dataclasses, typing, functools) and numpy; `from spade_jax.envs import ToolUseEnv, extract_boxed, SUCCESS_REWARD`. Put difficulty knobs in UPPERCASE constants at the top."""
+Import only the standard library (math, random, re, json, itertools, collections, heapq, string, fractions, dataclasses, typing, functools) and numpy; `from spade_jax.envs import ToolUseEnv, extract_boxed, SUCCESS_REWARD`. Put difficulty knobs in UPPERCASE constants at the top; optionally declare DIFFICULTY_LEVELS = ("easy", "medium", "hard") in the class and accept __init__(..., difficulty=None) that sets the knobs per level."""
 
 
 def _exemplar_block(number: int, exemplar: Exemplar) -> str:

@@ -15,6 +15,12 @@ name ends in ``Env``:
 * ``step(action)`` returns ``(observation, reward, terminated, truncated, info)``.
   Rewards lie in [-1, 1]; ``SUCCESS_REWARD`` (1.0) on the final step means the
   episode was won. ``truncated`` is set when ``max_turns`` runs out.
+* Optional difficulty knob: the class declares ``DIFFICULTY_LEVELS = ("easy",
+  "medium", "hard")`` (a literal tuple of distinct short names, easiest first; read
+  by ``spade_jax.sandbox.policy.difficulty_levels`` without running the program) and
+  ``__init__`` accepts ``difficulty=<level>`` (None: its default). Admission constructs
+  and resets every level; calibration (``spade_jax/designer/calibration.py``) plays
+  the agent at each and picks the level it sometimes solves.
 * Reasoning games take one action per turn written as ``\\boxed{...}``; use
   ``extract_boxed(action)`` to read it.
 * Tool-use environments subclass ``ToolUseEnv`` (see ``tool_use.py``): the agent

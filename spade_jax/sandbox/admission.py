@@ -7,7 +7,9 @@ Seven named stages, stopping at the first failure, each failure with a reason:
 2. load         run the module in a sandbox worker; exactly one ``*Env`` class; instantiate it;
 3. contract     ``num_seeds`` plays of random actions: ``reset`` returns (str, dict); every step
                 gets a well-typed 5-tuple with a finite reward in ``reward_range``; the episode
-                ends within the turn bound (max_turns);
+                ends within the turn bound (max_turns). A program that declares
+                ``DIFFICULTY_LEVELS`` (``policy.difficulty_levels``) also gets one such play
+                per level, constructed with ``difficulty=<level>``; a malformed declaration fails here;
 4. determinism  replaying the contract plays (same seeds, same actions) gives the same
                 observations, rewards and flags, also when the replay pauses ``pause_s``
                 before the first step or before a random later one;
@@ -59,7 +61,7 @@ import time
 from collections.abc import Sequence
 
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD, is_success
-from spade_jax.sandbox.policy import PolicyError, check_program, extract_code
+from spade_jax.sandbox.policy import PolicyError, check_program, difficulty_levels, extract_code
 from spade_jax.sandbox.pool import SandboxPool
 from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult, StepResult
 from spade_jax.sandbox.similarity import SHINGLE_TOKENS, code_similarity, fingerprint, jaccard
@@ -279,7 +281,9 @@ class _Candidate:
     tool_use: bool = False
     tools: list = dataclasses.field(default_factory=list)
     turn_bound: int = 0
-    contract: list = dataclasses.field(default_factory=list)  # (script, trace) per contract seed
+    levels: tuple = ()  # the declared DIFFICULTY_LEVELS
+    levels_error: str | None = None  # why the declaration is malformed (a contract failure)
+    contract: list = dataclasses.field(default_factory=list)  # (script, trace) per contract seed, then per level
     spent_s: float = 0.0  # sandbox call time used so far
     fatal: str | None = None  # a rejection found while playing (time budget, host crash)
 
@@ -296,6 +300,7 @@ class _Script:
     want_solution: bool = False
     turn_limit: int | None = None
     pause_before: int | None = None  # 1-based step preceded by a pause of pause_s
+    env_kwargs: dict = dataclasses.field(default_factory=dict)  # to the constructor (a difficulty level)
 
 
 @dataclasses.dataclass
@@ -404,6 +409,10 @@ class _Admission:
                 failures.append(str(err))
                 continue
             c.tool_use = _subclasses_tool_use(tree)
+            try:
+                c.levels = difficulty_levels(tree)
+            except PolicyError as err:
+                c.levels_error = str(err)
             failures.append(None)
         return failures
 
@@ -431,17 +440,26 @@ class _Admission:
                 actions = random_actions(c.rng, c.turn_bound, tool_use=c.tool_use, tools=c.tools,
                                          plausible_only=j == 0)
                 scripts.append(_Script(c, seed, actions, turn_limit=c.turn_bound + 1))
+            if c.levels:
+                c.report.details["difficulty_levels"] = list(c.levels)
+            for j, level in enumerate(c.levels):  # after the seeds' plays: determinism replays the first few
+                actions = random_actions(c.rng, c.turn_bound, tool_use=c.tool_use, tools=c.tools)
+                scripts.append(_Script(c, c.seeds[j % len(c.seeds)], actions, turn_limit=c.turn_bound + 1,
+                                       env_kwargs={"difficulty": level}))
         traces = self._play(scripts)
         for c in cands:
             c.contract = []
         for script, trace in zip(scripts, traces):
             script.owner.contract.append((script, trace))
-        return [next(filter(None, (self._judge_play(s, t, c.turn_bound) for s, t in c.contract)), None)
-                for c in cands]
+        judged = [next(filter(None, (self._judge_play(s, t, c.turn_bound) for s, t in c.contract)), None)
+                  for c in cands]
+        return [c.levels_error or reason for c, reason in zip(cands, judged)]
 
     def _judge_play(self, script: _Script, trace: _Trace, must_end_within: int | None) -> str | None:
         """Errors and out-of-range rewards; with ``must_end_within``, also an episode that does not end."""
         seed, start = script.seed, trace.start
+        if script.env_kwargs:
+            seed = f"{seed} (difficulty={script.env_kwargs.get('difficulty')!r})"
         if start.error:
             return f"reset({seed}) failed: {start.error}"
         if not start.observation.strip():
@@ -613,7 +631,8 @@ class _Admission:
         if not todo:
             return traces, lost
         starts = self.pool.start([EpisodeSpec(scripts[i].owner.code, seed=scripts[i].seed,
-                                              max_turns=self.cfg.max_turns, turn_limit=scripts[i].turn_limit)
+                                              max_turns=self.cfg.max_turns, turn_limit=scripts[i].turn_limit,
+                                              env_kwargs=scripts[i].env_kwargs)
                                   for i in todo])
         open_ids = {i: r.episode_id for i, r in zip(todo, starts)}
         for i, result in zip(todo, starts):

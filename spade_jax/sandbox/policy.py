@@ -1,4 +1,5 @@
-"""The static part of admission: pull the program out of model text and apply the import policy.
+"""The static part of admission: pull the program out of model text, apply the import policy
+and read the difficulty levels it declares (``difficulty_levels``).
 
 Also the single source of truth for which modules an environment program may import;
 sandbox workers enforce the same list at run time (see ``worker.guarded_builtins``).
@@ -32,6 +33,11 @@ FORBIDDEN_NAMES: frozenset[str] = frozenset({
     "__import__", "__builtins__", "__subclasses__", "__globals__", "__code__",
     "breakpoint", "exit", "input", "open", "quit",
 })
+
+# The optional difficulty knob: a class attribute of the *Env class, a literal tuple of level names.
+DIFFICULTY_ATTRIBUTE = "DIFFICULTY_LEVELS"
+MAX_DIFFICULTY_LEVELS = 8
+_LEVEL_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _ENV_CLASS = re.compile(r"^\s*class\s+\w*Env\b", re.MULTILINE)
@@ -106,3 +112,39 @@ def _refuse_import(module: str, node: ast.AST) -> None:
     reason = import_refusal(module)
     if reason:
         raise PolicyError(f"line {node.lineno}: {reason}")
+
+
+def difficulty_levels(program: str | ast.Module) -> tuple[str, ...]:
+    """The levels the ``*Env`` class declares in ``DIFFICULTY_LEVELS`` (easiest first), () if none.
+
+    Read from the syntax tree only (never executed): the value must be a literal tuple of
+    1..MAX_DIFFICULTY_LEVELS distinct short names (letters, digits, ``_``, ``-``; at most 32
+    characters); anything else raises PolicyError saying why.
+    """
+    tree = program if isinstance(program, ast.Module) else _parse(program)
+    env = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name.endswith("Env")), None)
+    declared = [node for node in (env.body if env else ())
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == DIFFICULTY_ATTRIBUTE
+                                                        for t in node.targets)]
+    if not declared:
+        return ()
+    node = declared[-1]
+    where = f"line {node.lineno}: {DIFFICULTY_ATTRIBUTE}"
+    if not isinstance(node.value, ast.Tuple):
+        raise PolicyError(f"{where} must be a literal tuple of level names, e.g. (\"easy\", \"medium\", \"hard\")")
+    levels = []
+    for item in node.value.elts:
+        if not (isinstance(item, ast.Constant) and isinstance(item.value, str) and _LEVEL_NAME.fullmatch(item.value)):
+            raise PolicyError(f"{where} holds {ast.unparse(item)[:40]!r}: each level must be a string literal of "
+                              "1-32 letters, digits, '_' or '-'")
+        levels.append(item.value)
+    if not 1 <= len(levels) <= MAX_DIFFICULTY_LEVELS or len(set(levels)) != len(levels):
+        raise PolicyError(f"{where} must name 1..{MAX_DIFFICULTY_LEVELS} distinct levels, got {tuple(levels)}")
+    return tuple(levels)
+
+
+def _parse(code: str) -> ast.Module:
+    try:
+        return ast.parse(code, filename="<env>")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
+        raise PolicyError(f"cannot parse program: {type(err).__name__}: {err}") from None

@@ -10,12 +10,18 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 NUM_OPERANDS = 2  # allowed: 2..4, numbers in the expression
 MAX_OPERAND = 9  # allowed: 5..99, largest number in the expression
+LEVELS = {"easy": (2, 9), "medium": (3, 20), "hard": (4, 99)}
 
 
 class ArithmeticEnv:
     """Evaluate an expression such as 7 + 3 * 2; multiplication goes first."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global NUM_OPERANDS, MAX_OPERAND
+        if difficulty is not None:
+            NUM_OPERANDS, MAX_OPERAND = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -10,12 +10,18 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 NUM_EVENTS = 4  # allowed: 3..8, events A, B, C, ...
 NUM_RULES = 3  # allowed: 2..8, cause-and-effect rules drawn (repeats are dropped)
 JOINT_RULES = 0  # allowed: 0..1, 1 = some rules need two causes together
+LEVELS = {"easy": (3, 2, 0), "medium": (5, 4, 0), "hard": (8, 8, 1)}
 
 
 class CausalChainEnv:
     """One event is triggered; apply the rules until nothing changes and list what happened."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global NUM_EVENTS, NUM_RULES, JOINT_RULES
+        if difficulty is not None:
+            NUM_EVENTS, NUM_RULES, JOINT_RULES = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -11,6 +11,7 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 NUM_MOVES = 2  # allowed: 1..8, walking instructions
 MAX_STEP = 3  # allowed: 1..9, longest single walk
 RELATIVE = 0  # allowed: 0..1, 1 = directions are left/right turns instead of compass points
+LEVELS = {"easy": (1, 3, 0), "medium": (3, 5, 0), "hard": (6, 9, 1)}
 
 HEADINGS = ["north", "east", "south", "west"]
 VECTORS = {"north": (0, 1), "east": (1, 0), "south": (0, -1), "west": (-1, 0)}
@@ -19,7 +20,12 @@ VECTORS = {"north": (0, 1), "east": (1, 0), "south": (0, -1), "west": (-1, 0)}
 class CompassWalkEnv:
     """Start at (0, 0) facing north, walk as told, and give the final (x, y)."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global NUM_MOVES, MAX_STEP, RELATIVE
+        if difficulty is not None:
+            NUM_MOVES, MAX_STEP, RELATIVE = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -10,6 +10,7 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 GRID_SIZE = 4  # allowed: 3..8, the grid has GRID_SIZE rows and columns
 NUM_WALLS = 3  # allowed: 0..6, wall cells
+LEVELS = {"easy": (3, 0), "medium": (4, 3), "hard": (5, 6)}
 
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -17,7 +18,12 @@ MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 class GridWalkEnv:
     """Walk from P to G one cell per turn; walls (#) and the edge block moves."""
 
-    def __init__(self, max_turns=30, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=30, difficulty=None, **kwargs):
+        global GRID_SIZE, NUM_WALLS
+        if difficulty is not None:
+            GRID_SIZE, NUM_WALLS = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

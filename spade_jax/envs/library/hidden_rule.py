@@ -10,6 +10,7 @@ from spade_jax.envs import ToolUseEnv
 
 MAX_COEFF = 5  # allowed: 2..9, largest coefficient a or b
 NUM_KINDS = 1  # allowed: 1..2, rule forms: a*x + b, then also a*x*x + b
+LEVELS = {"easy": (2, 1), "medium": (5, 1), "hard": (9, 2)}
 
 SMALLEST_TARGET, LARGEST_INPUT = 10, 5
 
@@ -17,13 +18,18 @@ SMALLEST_TARGET, LARGEST_INPUT = 10, 5
 class HiddenRuleEnv(ToolUseEnv):
     """The machine computes a*x + b (or a*x*x + b); find its output for a big x."""
 
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
     tools = [{"type": "function", "function": {
         "name": "apply",
         "description": f"Run the machine on a whole number x from 0 to {LARGEST_INPUT}.",
         "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
     }}]
 
-    def __init__(self, max_turns=8, **kwargs):
+    def __init__(self, max_turns=8, difficulty=None, **kwargs):
+        global MAX_COEFF, NUM_KINDS
+        if difficulty is not None:
+            MAX_COEFF, NUM_KINDS = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):

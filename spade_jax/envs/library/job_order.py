@@ -11,12 +11,18 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 NUM_JOBS = 3  # allowed: 2..6, jobs to schedule
 MAX_DURATION = 5  # allowed: 2..9, longest job in hours
 WEIGHTED = 0  # allowed: 0..1, 1 = jobs have priorities that multiply their finish times
+LEVELS = {"easy": (2, 5, 0), "medium": (4, 7, 0), "hard": (6, 9, 1)}
 
 
 class JobOrderEnv:
     """Pick the next job each turn; win if the weighted sum of finish times is minimal."""
 
-    def __init__(self, max_turns=10, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=10, difficulty=None, **kwargs):
+        global NUM_JOBS, MAX_DURATION, WEIGHTED
+        if difficulty is not None:
+            NUM_JOBS, MAX_DURATION, WEIGHTED = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -11,12 +11,18 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 NUM_ITEMS = 4  # allowed: 3..7, items to choose from
 MAX_WEIGHT = 5  # allowed: 2..9, heaviest item in kg
 MAX_VALUE = 9  # allowed: 3..20, most valuable item
+LEVELS = {"easy": (3, 5, 9), "medium": (5, 7, 12), "hard": (7, 9, 20)}
 
 
 class KnapsackEnv:
     """Pick a subset of items under the weight limit with the best total worth."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global NUM_ITEMS, MAX_WEIGHT, MAX_VALUE
+        if difficulty is not None:
+            NUM_ITEMS, MAX_WEIGHT, MAX_VALUE = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -9,6 +9,7 @@ import random
 from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 NUM_PEOPLE = 2  # allowed: 2..4, people on the island
+LEVELS = {"easy": 2, "medium": 3, "hard": 4}
 
 CLAIMS = {
     "knight": "{other} is a knight.",
@@ -22,7 +23,12 @@ OPPOSITE = {"knight": "knave", "knave": "knight", "same": "different", "differen
 class KnightsKnavesEnv:
     """Knights always tell the truth and knaves always lie; name all the knights."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global NUM_PEOPLE
+        if difficulty is not None:
+            NUM_PEOPLE = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

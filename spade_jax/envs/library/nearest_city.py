@@ -10,6 +10,7 @@ from spade_jax.envs import ToolUseEnv
 
 NUM_CITIES = 3  # allowed: 2..6, candidate cities
 MAP_SIZE = 10  # allowed: 5..50, coordinates run from 0 to MAP_SIZE
+LEVELS = {"easy": (2, 10), "medium": (4, 20), "hard": (6, 50)}
 
 CITIES = ["Oslo", "Lima", "Rome", "Cairo", "Delhi", "Quito", "Perth", "Seoul"]
 
@@ -17,13 +18,18 @@ CITIES = ["Oslo", "Lima", "Rome", "Cairo", "Delhi", "Quito", "Perth", "Seoul"]
 class NearestCityEnv(ToolUseEnv):
     """Locate each candidate city and answer the one closest to home."""
 
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
     tools = [{"type": "function", "function": {
         "name": "locate",
         "description": "Map position (x, y) of a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     }}]
 
-    def __init__(self, max_turns=10, **kwargs):
+    def __init__(self, max_turns=10, difficulty=None, **kwargs):
+        global NUM_CITIES, MAP_SIZE
+        if difficulty is not None:
+            NUM_CITIES, MAP_SIZE = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):

@@ -9,12 +9,18 @@ import re
 from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 MAX_NUMBER = 20  # allowed: 4..1000, the secret is between 1 and MAX_NUMBER
+LEVELS = {"easy": 10, "medium": 50, "hard": 200}
 
 
 class NumberGuessEnv:
     """Guess a secret number; each wrong guess is answered with too high or too low."""
 
-    def __init__(self, max_turns=12, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=12, difficulty=None, **kwargs):
+        global MAX_NUMBER
+        if difficulty is not None:
+            MAX_NUMBER = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

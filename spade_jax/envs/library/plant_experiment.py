@@ -10,12 +10,15 @@ from spade_jax.envs import ToolUseEnv
 
 NUM_FACTORS = 3  # allowed: 2..6, factors you can give the plant
 NUM_CAUSES = 1  # allowed: 1..2, factors the plant needs all at once to grow
+LEVELS = {"easy": (2, 1), "medium": (4, 1), "hard": (6, 2)}
 
 FACTORS = ["water", "light", "heat", "soil", "music", "sugar"]
 
 
 class PlantExperimentEnv(ToolUseEnv):
     """The plant grows only when every required factor is given; find the required ones."""
+
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
 
     tools = [{"type": "function", "function": {
         "name": "experiment",
@@ -24,7 +27,10 @@ class PlantExperimentEnv(ToolUseEnv):
                        "required": ["factors"]},
     }}]
 
-    def __init__(self, max_turns=10, **kwargs):
+    def __init__(self, max_turns=10, difficulty=None, **kwargs):
+        global NUM_FACTORS, NUM_CAUSES
+        if difficulty is not None:
+            NUM_FACTORS, NUM_CAUSES = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):

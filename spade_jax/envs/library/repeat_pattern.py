@@ -10,12 +10,18 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 PERIOD = 3  # allowed: 2..5, length of the repeating block
 NUM_SYMBOLS = 3  # allowed: 2..6, distinct letters the block may use
 ANSWER_LENGTH = 1  # allowed: 1..4, letters to give
+LEVELS = {"easy": (2, 2, 1), "medium": (3, 4, 2), "hard": (5, 6, 4)}
 
 
 class RepeatPatternEnv:
     """Given A B C A B C A ..., give the next letters of the repetition."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global PERIOD, NUM_SYMBOLS, ANSWER_LENGTH
+        if difficulty is not None:
+            PERIOD, NUM_SYMBOLS, ANSWER_LENGTH = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -10,6 +10,7 @@ from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 SHOWN_TERMS = 5  # allowed: 4..8, terms shown before the missing one
 NUM_KINDS = 2  # allowed: 1..4, rule kinds in play: arithmetic, geometric, growing steps, Fibonacci-like
+LEVELS = {"easy": (6, 1), "medium": (5, 2), "hard": (4, 4)}
 
 KINDS = ["arithmetic", "geometric", "growing", "fibonacci"]
 
@@ -17,7 +18,12 @@ KINDS = ["arithmetic", "geometric", "growing", "fibonacci"]
 class SequenceEnv:
     """Continue a sequence such as 3, 7, 11, 15, ... with its next term."""
 
-    def __init__(self, max_turns=3, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+        global SHOWN_TERMS, NUM_KINDS
+        if difficulty is not None:
+            SHOWN_TERMS, NUM_KINDS = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

@@ -11,6 +11,7 @@ from spade_jax.envs import ToolUseEnv
 NUM_ITEMS = 2  # allowed: 1..5, different items on the list
 MAX_PRICE = 9  # allowed: 5..50, highest unit price in coins
 MAX_QUANTITY = 3  # allowed: 1..4, most units of one item
+LEVELS = {"easy": (1, 9, 1), "medium": (3, 20, 3), "hard": (5, 50, 4)}
 
 CATALOG = ["apple", "bread", "milk", "eggs", "cheese", "rice", "tea", "soap"]
 
@@ -18,13 +19,18 @@ CATALOG = ["apple", "bread", "milk", "eggs", "cheese", "rice", "tea", "soap"]
 class ShoppingEnv(ToolUseEnv):
     """Prices are hidden behind a tool; answer the total cost of the shopping list."""
 
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
     tools = [{"type": "function", "function": {
         "name": "price",
         "description": "Unit price of an item in coins.",
         "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
     }}]
 
-    def __init__(self, max_turns=8, **kwargs):
+    def __init__(self, max_turns=8, difficulty=None, **kwargs):
+        global NUM_ITEMS, MAX_PRICE, MAX_QUANTITY
+        if difficulty is not None:
+            NUM_ITEMS, MAX_PRICE, MAX_QUANTITY = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):

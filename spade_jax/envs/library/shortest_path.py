@@ -12,10 +12,13 @@ from spade_jax.envs import ToolUseEnv
 NUM_TOWNS = 5  # allowed: 3..8, towns on the map
 MAX_COST = 9  # allowed: 2..9, most expensive road
 EXTRA_ROADS = 2  # allowed: 0..6, roads beyond the ones that connect every town
+LEVELS = {"easy": (3, 5, 0), "medium": (5, 9, 2), "hard": (8, 9, 6)}
 
 
 class ShortestPathEnv(ToolUseEnv):
     """Query the roads out of each town and answer the cheapest cost from A to the last town."""
+
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
 
     tools = [{"type": "function", "function": {
         "name": "roads",
@@ -23,7 +26,10 @@ class ShortestPathEnv(ToolUseEnv):
         "parameters": {"type": "object", "properties": {"town": {"type": "string"}}, "required": ["town"]},
     }}]
 
-    def __init__(self, max_turns=12, **kwargs):
+    def __init__(self, max_turns=12, difficulty=None, **kwargs):
+        global NUM_TOWNS, MAX_COST, EXTRA_ROADS
+        if difficulty is not None:
+            NUM_TOWNS, MAX_COST, EXTRA_ROADS = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):

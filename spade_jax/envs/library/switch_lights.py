@@ -8,12 +8,18 @@ import random
 from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
 NUM_SWITCHES = 3  # allowed: 2..6, switches and lights
+LEVELS = {"easy": 2, "medium": 4, "hard": 6}
 
 
 class SwitchLightsEnv:
     """Experiment with switches, then report the light each switch controls."""
 
-    def __init__(self, max_turns=10, **kwargs):
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
+
+    def __init__(self, max_turns=10, difficulty=None, **kwargs):
+        global NUM_SWITCHES
+        if difficulty is not None:
+            NUM_SWITCHES = LEVELS[difficulty]
         self.max_turns = max_turns
 
     def reset(self, seed=None):

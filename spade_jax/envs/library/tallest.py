@@ -9,12 +9,15 @@ import random
 from spade_jax.envs import ToolUseEnv
 
 NUM_PEOPLE = 4  # allowed: 3..8, people to compare
+LEVELS = {"easy": 3, "medium": 5, "hard": 8}
 
 NAMES = ["Ann", "Bob", "Cid", "Dee", "Eve", "Fay", "Gus", "Hal"]
 
 
 class TallestEnv(ToolUseEnv):
     """Heights are hidden; only pairwise comparisons are allowed. Name the tallest person."""
+
+    DIFFICULTY_LEVELS = "easy", "medium", "hard"
 
     tools = [{"type": "function", "function": {
         "name": "compare",
@@ -24,7 +27,10 @@ class TallestEnv(ToolUseEnv):
                        "required": ["first", "second"]},
     }}]
 
-    def __init__(self, max_turns=10, **kwargs):
+    def __init__(self, max_turns=10, difficulty=None, **kwargs):
+        global NUM_PEOPLE
+        if difficulty is not None:
+            NUM_PEOPLE = LEVELS[difficulty]
         super().__init__(max_turns=max_turns, **kwargs)
 
     def reset(self, seed=None):
