@@ -50,6 +50,19 @@ def normalize_answer(text: str) -> str:
     return re.sub(r"\s+", " ", str(text)).strip().strip(".").strip().lower()
 
 
+def render_tool_list(tools: list[dict]) -> str:
+    """The tool list and call format shown to the agent, from the tool schemas alone (the
+    trusted side renders it without instantiating an environment)."""
+    lines = ["Tools:"]
+    for tool in tools:
+        fn = tool.get("function", tool)
+        params = fn.get("parameters", {}).get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in params.items())
+        lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
+    lines.append(_FORMAT)
+    return "\n".join(lines)
+
+
 class ToolUseEnv:
     """Base for environments played through tool calls and a final answer."""
 
@@ -68,14 +81,7 @@ class ToolUseEnv:
 
     def tool_instructions(self) -> str:
         """The tool list and call format appended to the first observation."""
-        lines = ["Tools:"]
-        for tool in self.tools:
-            fn = tool.get("function", tool)
-            params = fn.get("parameters", {}).get("properties", {})
-            args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in params.items())
-            lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
-        lines.append(_FORMAT)
-        return "\n".join(lines)
+        return render_tool_list(self.tools)
 
     def check_answer(self, answer: str) -> bool:
         return normalize_answer(answer) == normalize_answer(self.expected_answer)

@@ -1,0 +1,124 @@
+"""Synthesizes tool-use trajectories from a directory of environment programs.
+
+    python -m spade_jax.trajectories --envs DIR --out FILE [--num N] [--rl_out FILE]
+    python -m spade_jax.trajectories --envs library --out /tmp/traj.jsonl --config=configs/tiny.py \\
+        --workdir=workdirs/tiny --num 16
+
+``--envs`` is a directory of ``.py`` programs, a comma-separated list of files, or ``library``
+(the seed library's tool-use programs). The policy (query writer and calibrating agent) is
+the preset's (``--config``, default configs/tiny.py) with the newest checkpoint of
+``--workdir`` (``--checkpoint`` a step, ``latest`` or ``none``); the tiny preset's bootstrap is
+cached under ``WORKDIR/bootstrap`` unless the config names a cache; ``--bootstrap_dir`` loads a
+finished bootstrap directory instead. The calibrating agent
+plays greedily with the preset's agent settings and at least ``--max_calls`` + 2 turns.
+A summary table per environment is printed at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
+flags.DEFINE_string("envs", None, "Directory of programs, comma-separated files, or 'library'.", required=True)
+flags.DEFINE_string("out", None, "SFT JSONL output (chat format with tool calls).", required=True)
+flags.DEFINE_string("rl_out", None, "RL tasks JSONL output (query, program, seed, checker).")
+flags.DEFINE_integer("num", 8, "Chains sampled per environment.")
+flags.DEFINE_integer("seed", 0, "Seed of probing, chain walks and query sampling.")
+flags.DEFINE_integer("max_calls", 4, "Most tool calls in a chain.")
+flags.DEFINE_float("skip_prob", 0.3, "Probability of skipping an optional step of a chain.")
+flags.DEFINE_string("workdir", os.path.join("workdirs", "tiny"), "Run directory: its checkpoints and bootstrap cache.")
+flags.DEFINE_string("checkpoint", "latest", "A checkpoint step, 'latest' or 'none' (initial weights).")
+flags.DEFINE_string("bootstrap_dir", None, "A finished bootstrap directory to load instead of the preset's policy.")
+FLAGS = flags.FLAGS
+
+
+def main(argv) -> None:
+    del argv
+    from spade_jax.trajectories.chains import ChainConfig
+    from spade_jax.trajectories.synth import NoToolPrograms, SynthConfig, load_programs
+
+    try:
+        programs, skipped = load_programs(FLAGS.envs)
+        cfg = SynthConfig(chains_per_env=FLAGS.num, seed=FLAGS.seed,
+                          chain=ChainConfig(max_calls=FLAGS.max_calls, skip_prob=FLAGS.skip_prob))
+    except (NoToolPrograms, ValueError) as err:
+        raise app.UsageError(str(err))
+    for name, reason in skipped:
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    for path in filter(None, (FLAGS.out, FLAGS.rl_out)):
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise app.UsageError(f"the directory of {path} does not exist")
+    _run(programs, cfg)
+
+
+def _run(programs, cfg) -> None:
+    import jax
+
+    from spade_jax.agent import play_episodes
+    from spade_jax.sampling.chat import complete_chats
+    from spade_jax.sandbox import SandboxPool
+    from spade_jax.selfplay import config as config_lib
+    from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
+    from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
+    from spade_jax.trajectories.synth import summary_table, synthesize
+
+    config = FLAGS.config
+    config_lib.validate(config, jax.device_count())
+    workdir = os.path.abspath(FLAGS.workdir)
+    if FLAGS.bootstrap_dir:
+        from spade_jax.bootstrap import load_bootstrap
+
+        policy, step = load_bootstrap(FLAGS.bootstrap_dir), f"bootstrap {FLAGS.bootstrap_dir}"
+    else:
+        policy = build_policy(config, workdir, mesh_from_config(config))
+        step = _restore(policy, config, workdir, FLAGS.checkpoint)
+    agent = config_lib.agent_config(config)
+    agent = dataclasses.replace(agent, temperature=0.0, max_turns=max(agent.max_turns, cfg.chain.max_calls + 2))
+
+    def complete(chats):
+        return [c.text for c in complete_chats(policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+                                               temperature=cfg.query.temperature, seed=cfg.seed)]
+
+    with SandboxPool(config_lib.sandbox_config(config)) as pool:
+        play = functools.partial(play_episodes, policy, pool, cfg=agent, seed=cfg.seed)
+        examples, reports = synthesize(pool, programs, complete, play, cfg, progress=config.log.progress)
+    written = write_jsonl(FLAGS.out, (sft_record(e) for e in examples))
+    print(f"\npolicy {step}; {written} SFT records in {FLAGS.out}", end="")
+    if FLAGS.rl_out:
+        write_jsonl(FLAGS.rl_out, (rl_task(e) for e in examples))
+        print(f", RL tasks in {FLAGS.rl_out}", end="")
+    print("\n\n" + summary_table(reports), flush=True)
+
+
+def _restore(policy, config, workdir: str, checkpoint: str) -> str:
+    """Loads the chosen checkpoint of ``workdir`` into ``policy``; returns its name ('initial' without one)."""
+    from spade_jax.rl.train import Trainer
+    from spade_jax.selfplay import config as config_lib
+    from spade_jax.selfplay.checkpoint import Checkpointer
+
+    directory = os.path.join(workdir, "checkpoints")
+    if checkpoint == "none" or (checkpoint == "latest" and not os.path.isdir(directory)):
+        return "initial"
+    checkpointer = Checkpointer(directory, async_save=False)
+    try:
+        step = checkpointer.latest_step() if checkpoint == "latest" else int(checkpoint)
+        if step is None:
+            return "initial"
+        trainer = Trainer(policy, config_lib.optim_config(config), config_lib.loss_config(config))
+        train, _ = checkpointer.restore(step, trainer.state_dict())
+        trainer.load_state_dict(train)
+        return f"checkpoint {step}"
+    finally:
+        checkpointer.close()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,99 @@
+"""Kept examples as JSONL: chat-format SFT records and RL tasks with their checker.
+
+SFT record (what transformers' chat templates take for tool use, ``apply_chat_template(
+record["messages"], tools=record["tools"])``)::
+
+    {"messages": [{"role": "system", ...}, {"role": "user", "content": query},
+                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                   "function": {"name": ..., "arguments": {...}}}]},
+                  {"role": "tool", "name": ..., "content": result}, ...,
+                  {"role": "assistant", "content": "<answer>last result</answer>"}],
+     "tools": [schemas], "meta": {env, program_sha256, seed, env_kwargs, chain, results, verified_by}}
+
+RL task: the query, the program source, its seed and constructor kwargs, the tools, and the
+checker ``{"kind": "end_state", "results": [...]}``; `score_transcript` says whether an
+agent transcript (chat format, or the agent's own ``<tool_call>`` turns) reached it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+
+from spade_jax.trajectories.chains import Call, Chain, EndState, reaches_end_state
+from spade_jax.trajectories.queries import transcript_results
+
+SFT_SYSTEM_PROMPT = ("You are a helpful assistant with tools. Call tools to find what the user needs, "
+                     "then give the answer as <answer>...</answer>.")
+CHECKER_KIND = "end_state"
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One kept trajectory: the environment it came from, its chain, query and who verified it."""
+
+    env: str
+    source: str
+    schemas: list
+    chain: Chain
+    query: str
+    verified_by: str
+    env_kwargs: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def program_sha256(self) -> str:
+        return hashlib.sha256(self.source.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sft_record(example: Example, system_prompt: str = SFT_SYSTEM_PROMPT) -> dict:
+    """The chat-format record of ``example`` (module docstring)."""
+    chain = example.chain
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": example.query}]
+    for call, result in zip(chain.calls, chain.results):
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": call.tool, "arguments": call.arguments}}]})
+        messages.append({"role": "tool", "name": call.tool, "content": result})
+    messages.append({"role": "assistant", "content": f"<answer>{chain.end_state.answer}</answer>"})
+    meta = {"env": example.env, "program_sha256": example.program_sha256, "seed": chain.seed,
+            "env_kwargs": example.env_kwargs, "chain": [c.to_dict() for c in chain.calls],
+            "results": list(chain.results), "verified_by": example.verified_by}
+    return {"messages": messages, "tools": example.schemas, "meta": meta}
+
+
+def rl_task(example: Example) -> dict:
+    """The RL task of ``example``: play the program on its seed from the query; `score_transcript` checks it."""
+    return {"query": example.query, "env": example.env, "program": example.source,
+            "program_sha256": example.program_sha256, "seed": example.chain.seed, "env_kwargs": example.env_kwargs,
+            "tools": example.schemas, "checker": {"kind": CHECKER_KIND, "results": list(example.chain.results)},
+            "verified_by": example.verified_by}
+
+
+def score_transcript(task: dict, messages: Sequence[dict]) -> bool:
+    """Whether ``messages`` reached the task's end state: every checker result among its tool results."""
+    checker = task["checker"]
+    if checker.get("kind") != CHECKER_KIND:
+        raise ValueError(f"unknown checker kind {checker.get('kind')!r}")
+    return reaches_end_state(EndState(tuple(checker["results"])), transcript_results(messages))
+
+
+def record_calls(record: dict) -> list[Call]:
+    """The tool calls of an SFT record's assistant messages, in order."""
+    return [Call(tc["function"]["name"], tc["function"]["arguments"])
+            for m in record["messages"] if m.get("role") == "assistant" for tc in m.get("tool_calls") or ()]
+
+
+def write_jsonl(path: str, records: Iterable[dict]) -> int:
+    """Writes one JSON object per line; returns how many."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,365 @@
+"""The tool dependency graph of one tool-use environment, from its schemas and from probing.
+
+Tools are read on the trusted side from the program's ``tools`` class attribute with
+``ast.literal_eval`` (the program is never imported or run here). Everything else is learned
+by calling the tools inside the sandbox (`ToolProbe`): the environment is reset on a few
+seeds, each tool is called with values drawn from the first observation, and then with
+values drawn from other tools' outputs.
+
+A call *fails* (`is_failure`) when the sandbox reports an error or the episode ends, the
+dispatcher flags it (``info["error"]``: malformed call, unknown tool, the tool raised), its
+reply starts with ``Error`` or ``Unknown`` (the convention of the seed library's tools for a
+value they do not know), or its reply equals the tool's *rejection*: what it answers, on
+the same seed, to sentinel arguments no environment knows (``"zzqx-none"``, -987654321):
+a tool that answers every bad value with one fixed sentence ("The machine only accepts ...")
+is caught by the last rule. Anything else is a result.
+
+Edges: ``A -> B`` through argument ``p`` when a value taken from A's output, passed as B's
+``p`` (B's other arguments from the observation and earlier outputs), gives a result on some
+probe seed. Entry tools are those whose every argument can be filled from the observation
+alone with a result.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import random
+import re
+from collections.abc import Sequence
+
+from spade_jax.envs.tool_use import render_tool_list
+from spade_jax.sandbox import EpisodeSpec
+
+SENTINELS = {"string": "zzqx-none", "integer": -987654321, "number": -987654.5}
+PROBE_TURNS = 1000  # the sandbox's most steps per episode: probes share one episode per seed
+_FAILURE_PREFIXES = ("error", "unknown")
+_TOKEN = re.compile(r"'([^'\n]{1,40})'|\"([^\"\n]{1,40})\"|(-?\d+(?:\.\d+)?)|([A-Za-z][A-Za-z0-9_'-]*)")
+_SENTENCE_END = re.compile(r"[.!?:]\s*$")
+
+
+class NotToolUse(ValueError):
+    """The program declares no literal ``tools`` list on a class."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One tool's name, its parameters (name -> JSON type) in schema order and the required ones."""
+
+    name: str
+    params: tuple[tuple[str, str], ...]
+    required: tuple[str, ...]
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """A value from ``source``'s output fed ``target``'s argument ``argument`` with a result."""
+
+    source: str
+    target: str
+    argument: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolGraph:
+    """Nodes (tool names, schema order), edges, and the entry tools (fillable from the observation)."""
+
+    nodes: tuple[str, ...]
+    edges: tuple[Edge, ...]
+    entry: tuple[str, ...]
+
+    def edges_from(self, tool: str) -> tuple[Edge, ...]:
+        return tuple(e for e in self.edges if e.source == tool)
+
+    def has_edge(self, source: str, target: str) -> bool:
+        return any(e.source == source and e.target == target for e in self.edges)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def read_tool_schemas(source: str) -> list[dict]:
+    """The ``tools`` list of the program's tool-use class, read with ``ast.literal_eval`` (plus
+    f-strings over module-level literal constants).
+
+    The class is the first that names ``ToolUseEnv`` among its bases, else the first with a
+    ``tools`` assignment. NotToolUse when there is none or it is not a literal list of schemas.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise NotToolUse(f"does not parse: {err.msg} (line {err.lineno})") from None
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    classes.sort(key=lambda c: not any(getattr(b, "id", getattr(b, "attr", None)) == "ToolUseEnv" for b in c.bases))
+    for cls in classes:
+        for stmt in cls.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+                stmt, ast.AnnAssign) and stmt.value is not None else []
+            if any(isinstance(t, ast.Name) and t.id == "tools" for t in targets):
+                try:
+                    schemas = _literal(stmt.value, _module_constants(tree))
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    raise NotToolUse(f"class {cls.name}: tools is not a literal list") from None
+                if not isinstance(schemas, list) or not schemas:
+                    raise NotToolUse(f"class {cls.name}: tools is not a non-empty list")
+                for schema in schemas:
+                    parse_tool(schema)
+                return schemas
+    raise NotToolUse("no class declares a tools list")
+
+
+def _module_constants(tree: ast.Module) -> dict:
+    """Module-level ``NAME = <literal>`` (and ``A, B = 1, 2``) assignments: what an f-string in a schema may name."""
+    constants = {}
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            continue
+        target, value = stmt.targets[0], stmt.value
+        pairs = [(target, value)]
+        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+            pairs = list(zip(target.elts, value.elts))
+        for name, node in pairs:
+            if isinstance(name, ast.Name):
+                try:
+                    constants[name.id] = ast.literal_eval(node)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    pass
+    return constants
+
+
+def _literal(node: ast.AST, constants: dict):
+    """``ast.literal_eval`` that also reads f-strings and names of module constants (never runs code)."""
+    if isinstance(node, ast.Name) and node.id in constants:
+        return constants[node.id]
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.FormattedValue):
+                if part.format_spec is not None:
+                    raise ValueError("format specs are not read")
+                parts.append(str(_literal(part.value, constants)))
+            else:
+                parts.append(str(part.value))
+        return "".join(parts)
+    if isinstance(node, ast.List):
+        return [_literal(e, constants) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(e, constants) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("dict unpacking is not read")
+        return {_literal(k, constants): _literal(v, constants) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)
+
+
+def parse_tool(schema) -> Tool:
+    """The name and parameters of one OpenAI-style schema (``{"type": "function", "function": ...}``)."""
+    fn = schema.get("function", schema) if isinstance(schema, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise NotToolUse(f"a tool schema has no name: {str(schema)[:80]}")
+    parameters = fn.get("parameters") or {}
+    properties = parameters.get("properties") or {} if isinstance(parameters, dict) else {}
+    if not isinstance(properties, dict):
+        raise NotToolUse(f"tool {fn['name']}: parameters.properties is not an object")
+    params = tuple((str(k), str(v.get("type", "string")) if isinstance(v, dict) else "string")
+                   for k, v in properties.items())
+    required = parameters.get("required") or [] if isinstance(parameters, dict) else []
+    return Tool(fn["name"], params, tuple(str(r) for r in required))
+
+
+def task_text(observation: str, schemas: list[dict]) -> str:
+    """The first observation without the tool list and call format the base class appends."""
+    suffix = "\n\n" + render_tool_list(schemas)
+    if observation.endswith(suffix):
+        return observation[: -len(suffix)]
+    return observation.split("\n\nTools:\n", 1)[0]
+
+
+def text_values(text: str) -> list[tuple[int, object]]:
+    """Candidate argument values in ``text`` with a salience tier (0 first), in order of appearance.
+
+    Tier 0: quoted phrases, numbers, capitalised words inside a sentence, words next to a
+    comma or right after a number (list members: "2 apple, 3 bread"); tier 1: other
+    capitalised words; tier 2: the rest. Numbers come as int/float.
+    """
+    out, seen = [], set()
+    for match in _TOKEN.finditer(text):
+        quoted = match.group(1) or match.group(2)
+        before, after = text[: match.start()].rstrip(), text[match.end():].lstrip()
+        if quoted is not None:
+            value, tier = quoted, 0
+        elif match.group(3) is not None:
+            number = match.group(3)
+            value, tier = (float(number) if "." in number else int(number)), 0
+        else:
+            value = match.group(4).strip("'-")
+            if not value:
+                continue
+            listed = before.endswith(",") or after.startswith(",") or bool(re.search(r"\d$", before))
+            starts_sentence = not before or bool(_SENTENCE_END.search(before))
+            capital = value[0].isupper()
+            tier = 0 if listed or (capital and not starts_sentence) else 1 if capital else 2
+        key = (type(value).__name__, value)
+        if key not in seen:
+            seen.add(key)
+            out.append((tier, value))
+    return out
+
+
+def typed_values(values: Sequence[tuple[int, object]], kind: str) -> list[tuple[int, object]]:
+    """The values a parameter of JSON type ``kind`` admits (numbers as strings rank last for strings)."""
+    if kind == "integer":
+        return [(t, v) for t, v in values if isinstance(v, int)]
+    if kind == "number":
+        return [(t, v) for t, v in values if isinstance(v, (int, float))]
+    if kind == "boolean":
+        return [(0, True), (0, False)]
+    if kind == "string":
+        return [(t, v) if isinstance(v, str) else (2, str(v)) for t, v in values]
+    return []
+
+
+def assignments(tool: Tool, pools: dict[str, list[tuple[int, object]]], rng: random.Random,
+                limit: int, include: Sequence[str] = (), width: int = 6) -> list[dict]:
+    """Up to ``limit`` argument dicts for ``tool``: each parameter's candidates from ``pools[name]``
+    (tiered, shuffled within a tier, the first ``width`` kept), combinations ordered by summed
+    rank, no value used twice in one call. Optional parameters are left out unless named in
+    ``include``. [] when a parameter to fill has no candidate."""
+    names = [name for name in tool.param_names if name in tool.required or name in include]
+    names = names or list(tool.param_names[:1])
+    ranked = []
+    for name in names:
+        candidates = [(tier, rng.random(), value) for tier, value in pools.get(name, [])]
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        ranked.append([value for _, _, value in candidates[:width]])
+        if not ranked[-1]:
+            return []
+    combos = [((), 0)]
+    for values in ranked:
+        combos = [(combo + (value,), cost + rank) for combo, cost in combos for rank, value in enumerate(values)]
+    combos = [c for c in combos if len({json.dumps(v) for v in c[0]}) == len(c[0])]
+    keyed = sorted(combos, key=lambda c: (c[1], rng.random()))
+    return [dict(zip(names, combo)) for combo, _ in keyed[:limit]]
+
+
+def tool_action(name: str, arguments: dict) -> str:
+    """The action text that calls ``name`` with ``arguments`` in a ToolUseEnv."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def is_failure(result, rejection: str | None = None) -> bool:
+    """Whether a sandbox step result is an error rather than a tool result (module docstring)."""
+    if not result.ok or result.done or (result.info or {}).get("error"):
+        return True
+    text = (result.observation or "").strip()
+    return text.lower().startswith(_FAILURE_PREFIXES) or (rejection is not None and text == rejection)
+
+
+class ToolProbe:
+    """Calls tools of one program in sandbox episodes: ``open(seed)``, ``call``, ``close``."""
+
+    def __init__(self, pool, source: str, schemas: list[dict], env_kwargs: dict | None = None):
+        self.pool, self.source, self.schemas = pool, source, schemas
+        self.tools = {t.name: t for t in map(parse_tool, schemas)}
+        self.env_kwargs = dict(env_kwargs or {})
+        self._rejections: dict[tuple[int, str], str | None] = {}
+
+    def open(self, seed: int, turns: int = PROBE_TURNS) -> tuple[int, str] | tuple[None, str]:
+        """A fresh episode reset with ``seed``: (episode id, task text), or (None, the error)."""
+        spec = EpisodeSpec(self.source, seed=seed, max_turns=turns, env_kwargs=self.env_kwargs, turn_limit=turns)
+        (start,) = self.pool.start([spec])
+        if not start.ok:
+            self.pool.close([start.episode_id])
+            return None, start.error or "the environment did not start"
+        return start.episode_id, task_text(start.observation, self.schemas)
+
+    def close(self, episode_id: int) -> None:
+        self.pool.close([episode_id])
+
+    def raw_call(self, episode_id: int, name: str, arguments: dict):
+        (result,) = self.pool.step([episode_id], [tool_action(name, arguments)])
+        return result
+
+    def rejection(self, episode_id: int, seed: int, name: str) -> str | None:
+        """The tool's reply to sentinel arguments on this seed (asked once per episode seed)."""
+        key = (seed, name)
+        if key not in self._rejections:
+            tool = self.tools[name]
+            sentinel = {p: SENTINELS.get(kind, SENTINELS["string"]) for p, kind in tool.params
+                        if p in tool.required or not tool.required}
+            result = self.raw_call(episode_id, name, sentinel)
+            self._rejections[key] = None if not result.ok else (result.observation or "").strip()
+        return self._rejections[key]
+
+    def call(self, episode_id: int, seed: int, name: str, arguments: dict, ask_rejection: bool = True) -> str | None:
+        """The tool's result text, or None when the call fails (`is_failure`). With
+        ``ask_rejection=False`` only a rejection already known for the seed is used (no extra
+        call: a replay must see exactly its own calls)."""
+        if ask_rejection:
+            rejection = self.rejection(episode_id, seed, name)
+        else:
+            rejection = self._rejections.get((seed, name))
+        result = self.raw_call(episode_id, name, arguments)
+        return None if is_failure(result, rejection) else result.observation.strip()
+
+
+def probe_graph(pool, source: str, *, seeds: Sequence[int] = (0, 1, 2), max_tries: int = 12, seed: int = 0,
+                env_kwargs: dict | None = None) -> ToolGraph:
+    """The tool graph of a tool-use program (module docstring). Deterministic for ``seed``.
+
+    Per probe seed, one episode: entry probes, then edge probes from every tool that has
+    produced an output (repeated until no new tool produces one). ``max_tries`` argument
+    assignments are tried per probe. NotToolUse when the program declares no tools.
+    """
+    schemas = read_tool_schemas(source)
+    probe = ToolProbe(pool, source, schemas, env_kwargs)
+    names = tuple(probe.tools)
+    entry, edges = set(), set()
+    for probe_seed in seeds:
+        rng = random.Random(f"{seed}/{probe_seed}")
+        episode_id, task = probe.open(probe_seed)
+        if episode_id is None:
+            continue
+        try:
+            observed = text_values(task)
+            outputs: dict[str, list[str]] = {}
+            for name in names:
+                tool = probe.tools[name]
+                for arguments in assignments(tool, _pools(tool, observed), rng, max_tries):
+                    result = probe.call(episode_id, probe_seed, name, arguments)
+                    if result is not None:
+                        entry.add(name)
+                        outputs.setdefault(name, []).append(result)
+                        break
+            tried: set[tuple[str, str, str]] = set()
+            while True:
+                todo = [(a, b, p) for a in names if a in outputs for b in names
+                        for p in probe.tools[b].param_names if (a, b, p) not in tried]
+                if not todo:
+                    break
+                for source_tool, target, argument in todo:
+                    tried.add((source_tool, target, argument))
+                    tool = probe.tools[target]
+                    fed = [v for text in outputs[source_tool] for v in text_values(text)]
+                    others = observed + [v for texts in outputs.values() for text in texts for v in text_values(text)]
+                    pools = _pools(tool, others)
+                    pools[argument] = typed_values(fed, dict(tool.params)[argument])
+                    for arguments in assignments(tool, pools, rng, max_tries, include=(argument,)):
+                        result = probe.call(episode_id, probe_seed, target, arguments)
+                        if result is not None:
+                            edges.add(Edge(source_tool, target, argument))
+                            outputs.setdefault(target, []).append(result)
+                            break
+        finally:
+            probe.close(episode_id)
+    ordered_edges = tuple(sorted(edges, key=lambda e: (names.index(e.source), names.index(e.target), e.argument)))
+    return ToolGraph(names, ordered_edges, tuple(n for n in names if n in entry))
+
+
+def _pools(tool: Tool, values: list[tuple[int, object]]) -> dict[str, list[tuple[int, object]]]:
+    return {name: typed_values(values, kind) for name, kind in tool.params}
