@@ -16,6 +16,10 @@ Arms (``--arms``, default all):
   no_memory     designer prompts without exemplars, novelty against the batch only
   no_corpus     designer prompts without a document
   placebo       hints of the same length that carry no information (the noise floor of regret)
+  calibration   SPADE with solver-relative difficulty calibration (EvoEnv: a level per design, rejected
+                when no level's greedy solve rate lies in the band) and mastered environments retired
+  procedures    SPADE with the agent's procedure memory (ProPlay: preplay guidance from won plays, also
+                in the held-out evaluation)
 
 The report (``--report``, default ``bench/learning_study.md``, PNGs beside it) gives per arm,
 mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end
@@ -51,6 +55,8 @@ ARMS = {
     "no_memory": ["--config.memory.enabled=False"],
     "no_corpus": ["--config.corpus.enabled=False"],
     "placebo": ["--config.hints.mode=placebo"],  # plus the preset's hint mode as placebo_of (below)
+    "calibration": ["--config.calibration.enabled=True", "--config.calibration.retire_win_rate=0.75"],
+    "procedures": ["--config.agent.procedure_memory.enabled=True"],
 }
 CURVES = (("designer/admission_rate", "admission rate"), ("env/regret_mean", "regret"),
           ("env/gap_mean", "hinted - plain gap"), ("designer/reward_mean", "designer reward"),
@@ -142,15 +148,15 @@ def report(args) -> str:
              "the iterations that report the metric.", "",
              f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
              "| arm | held-out at the end | sampled | admission | regret | gap | designer reward | agent tokens "
-             "| iterations |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| plain win rate | iterations |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     curves: dict[str, dict[str, list[list[float]]]] = {}
     per_seed: dict[str, dict[int, dict]] = {}
     for arm in args.arms:
         runs = [_rows(args.study_dir / arm / f"seed{seed}") for seed in args.seeds]
         runs = [[row for row in rows if "iteration" in row] for rows in runs]
         if not any(runs):
-            lines.append(f"| {arm} | not run | | | | | | | |")
+            lines.append(f"| {arm} | not run | | | | | | | | |")
             continue
         key = next((k for k in map(_heldout_key, runs) if k), None)
         sampled_key = next((k for k in (_heldout_key(rows, sampled=True) for rows in runs) if k), None)
@@ -174,7 +180,8 @@ def report(args) -> str:
                      f"{_mean_spread(run_mean('designer/admission_rate'))} | "
                      f"{_mean_spread(run_mean('env/regret_mean'))} | {_mean_spread(run_mean('env/gap_mean'))} | "
                      f"{_mean_spread(run_mean('designer/reward_mean'))} | "
-                     f"{_mean_spread(run_total('agent/generated_tokens'))} | {[len(r) for r in runs]} |")
+                     f"{_mean_spread(run_total('agent/generated_tokens'))} | "
+                     f"{_mean_spread(run_mean('agent/plain_win_rate'))} | {[len(r) for r in runs]} |")
         per_seed[arm] = {seed: {"end": e, "regret": r, "admission_min": a} for seed, e, r, a in zip(
             args.seeds, end, run_mean("env/regret_mean"), run_min("designer/admission_rate")) if e is not None
             or r is not None}

@@ -28,7 +28,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     for seed, (admission, regret, end) in enumerate([((1.0, 0.5), (0.2, 0.4), 0.5), ((0.75, 0.25), (0.1, 0.1), 0.125)]):
         _write_run(tmp_path / "spade" / f"seed{seed}", [
             {"iteration": 0, "designer/admission_rate": admission[0], "env/regret_mean": regret[0],
-             "agent/generated_tokens": 100},
+             "agent/generated_tokens": 100, "agent/plain_win_rate": 0.25 * seed},
             {"iteration": 1, "designer/admission_rate": admission[1], "env/regret_mean": regret[1],
              "agent/generated_tokens": 50, key: end, "eval/envs-2-programs-sampled/score": end / 2},
         ])
@@ -42,6 +42,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     assert spade_row.split(" | ")[1:5] == ["0.312 ± 0.188 (n=2)", "0.156 ± 0.094 (n=2)", "0.625 ± 0.125 (n=2)",
                                            "0.200 ± 0.100 (n=2)"]
     assert "150 ± 0 (n=2)" in spade_row
+    assert spade_row.split(" | ")[8] == "0.125 ± 0.125 (n=2)"  # plain win rate, run means 0.0 and 0.25
     assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
     # per seed: lowest admission, regret, the placebo's regret on the same seed, held-out end, initial
     assert "| 0 | 0.500 | 0.300 | 0.050 | 0.500 | 0.250 |" in text

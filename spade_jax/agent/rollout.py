@@ -47,6 +47,7 @@ AGENT_SYSTEM_PROMPT = (
     '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, and <answer>...</answer> to finish.'
 )
 HINT_SEPARATOR = "\n\nHINT: "
+GUIDANCE_SEPARATOR = "\n\nWHAT WORKED BEFORE: "
 MAX_SOLUTION_HINT_CHARS = 1000
 SOLUTION_HINT_PREFIX = "Winning actions, one per turn: "
 
@@ -79,6 +80,12 @@ class EpisodeRequest:
     seed. It stays a hinted play when no hint text could be had (an empty self-written
     hint), so the matched plain/hinted sets keep their sizes. A `placebo` solution hint is
     replaced by `placebo_hint` of its length.
+
+    `env_kwargs` go to the environment's constructor (the `difficulty` level chosen by
+    calibration). `observation`, when set, is shown instead of the environment's own first
+    observation (the environment is still reset with `seed`: a synthesized query over its
+    tools). `guidance` (procedure memory's preplay) follows the first observation, before any
+    hint, in plain and hinted plays alike.
     """
 
     env_key: int
@@ -88,6 +95,9 @@ class EpisodeRequest:
     hint: str | None = None
     hint_from_solution: bool = False
     placebo: bool = False
+    env_kwargs: dict = dataclasses.field(default_factory=dict)
+    observation: str | None = None
+    guidance: str | None = None
 
 
 @dataclasses.dataclass
@@ -193,7 +203,8 @@ def play_episodes(
     stats = stats if stats is not None else RolloutStats()
     tokenizer = policy.tokenizer
     starts = pool.start(
-        [EpisodeSpec(program=r.program, seed=r.seed, max_turns=cfg.max_turns) for r in requests]
+        [EpisodeSpec(program=r.program, seed=r.seed, max_turns=cfg.max_turns, env_kwargs=dict(r.env_kwargs))
+         for r in requests]
     )
     episodes = [_Live(r, s.episode_id, i) for i, (r, s) in enumerate(zip(requests, starts))]
     need_solution = [e for e, s in zip(episodes, starts) if s.ok and e.request.hinted and e.request.hint_from_solution]
@@ -210,7 +221,10 @@ def play_episodes(
             hint = solution_hint(solutions[episode.episode_id])
             if hint and episode.request.placebo:
                 hint = placebo_hint(len(hint))
-        observation = start.observation + (HINT_SEPARATOR + hint if hint else "")
+        observation = episode.request.observation if episode.request.observation is not None else start.observation
+        if episode.request.guidance:
+            observation += GUIDANCE_SEPARATOR + episode.request.guidance
+        observation += HINT_SEPARATOR + hint if hint else ""
         episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
 
     reported = 0

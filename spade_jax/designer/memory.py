@@ -20,8 +20,16 @@ Exemplars (designer prompts, as the reference): positives are high-regret record
 with win rate in [0.15, 0.85], a negative is one with win rate > 0.9 or < 0.1. See
 `EnvironmentMemory.exemplars` for the fallbacks when too few qualify.
 
+Difficulty and rotation. A record keeps the difficulty ``level`` calibration chose (replays
+play at it) and the outcomes of its latest plain plays (``recent_plain``, 1 = won, at most
+MAX_RECENT_PLAYS). `retire_mastered` retires a record whose win rate over its last plays
+exceeds a threshold: it stays in the memory (a negative "too easy" exemplar for the
+designer, and in the novelty archive so it is not designed again) but is no longer
+replayed; ``retired_iteration`` and ``retired_reason`` say when and why.
+
 `to_state()` gives a JSON-serialisable dict and `from_state` rebuilds the memory from
-it exactly (records, order, counters, settings); it is part of the checkpoint.
+it exactly (records, order, counters, settings); it is part of the checkpoint. States
+saved before records had a level or play outcomes load with their defaults.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import numpy as np
 STATE_VERSION = 1
 SEED_ID_PREFIX = "seed-"  # memory ids of handwritten seed environments: seed-<name>
 _STAT_FIELDS = ("win_rate", "mean_plain", "mean_hinted", "regret", "designer_reward")
+MAX_RECENT_PLAYS = 256  # plain play outcomes a record keeps for pool rotation
 
 
 @dataclasses.dataclass
@@ -55,10 +64,22 @@ class EnvRecord:
     times_replayed: int = 0
     last_played: int = 0
     is_seed: bool = False
+    level: str | None = None  # the difficulty level calibration chose (None: the program's default)
+    recent_plain: list = dataclasses.field(default_factory=list)  # latest plain plays, 1 = won, oldest first
+    retired_iteration: int | None = None
+    retired_reason: str | None = None
 
     @property
     def measured(self) -> bool:
         return self.win_rate is not None
+
+    @property
+    def retired(self) -> bool:
+        return self.retired_iteration is not None
+
+    def record_plays(self, plain_wins) -> None:
+        """Appends plain play outcomes (truthy = won), keeping the latest MAX_RECENT_PLAYS."""
+        self.recent_plain = (self.recent_plain + [int(bool(w)) for w in plain_wins])[-MAX_RECENT_PLAYS:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +175,9 @@ class EnvironmentMemory:
     def add(self, code: str, skill: str, *, iteration: int, doc_id: str | None = None,
             win_rate=None, mean_plain=None, mean_hinted=None, regret=None,
             designer_reward=None, admission: dict | None = None, env_id: str | None = None,
-            is_seed: bool = False) -> tuple[str, list[str]]:
-        """Adds an admitted environment; returns (its id, ids evicted to stay in capacity)."""
+            is_seed: bool = False, level: str | None = None, plain_wins=()) -> tuple[str, list[str]]:
+        """Adds an admitted environment (played at difficulty ``level``, its plain play outcomes
+        ``plain_wins`` so far); returns (its id, ids evicted to stay in capacity)."""
         if not isinstance(code, str) or not code.strip():
             raise ValueError("environment code must be a non-empty string")
         if not isinstance(skill, str) or not skill:
@@ -167,7 +189,8 @@ class EnvironmentMemory:
             _STAT_FIELDS, (win_rate, mean_plain, mean_hinted, regret, designer_reward))}
         rec = EnvRecord(env_id=env_id, code=code, skill=skill, doc_id=doc_id,
                         admission=_json_copy(env_id, admission), iteration_added=int(iteration),
-                        last_played=int(iteration), is_seed=bool(is_seed), **stats)
+                        last_played=int(iteration), is_seed=bool(is_seed), level=level, **stats)
+        rec.record_plays(plain_wins)
         self._records[env_id] = rec
         self._order[env_id] = self._next_index
         self._next_index += 1
@@ -182,11 +205,12 @@ class EnvironmentMemory:
         return env_id
 
     def update(self, env_id: str, *, iteration: int, win_rate, mean_plain, mean_hinted,
-               regret, designer_reward=None) -> EnvRecord:
+               regret, designer_reward=None, plain_wins=()) -> EnvRecord:
         """Records a replay: the statistics become the new measurement (the agent has
-        changed since the last one, so older numbers are not averaged in),
-        times_replayed += 1, last_played = iteration."""
+        changed since the last one, so older numbers are not averaged in), the new plain
+        play outcomes ``plain_wins`` are appended, times_replayed += 1, last_played = iteration."""
         rec = self.get(env_id)
+        rec.record_plays(plain_wins)
         for k, v in zip(_STAT_FIELDS, (win_rate, mean_plain, mean_hinted, regret, designer_reward)):
             if k != "designer_reward" or v is not None:
                 setattr(rec, k, _clean_float(k, v))
@@ -194,6 +218,21 @@ class EnvironmentMemory:
         rec.last_played = max(rec.last_played, int(iteration))
         self.iteration = max(self.iteration, int(iteration))
         return rec
+
+    def retire_mastered(self, iteration: int, win_rate: float, plays: int) -> list[str]:
+        """Retires every active record whose plain win rate over its last ``plays`` plays
+        exceeds ``win_rate`` (records with fewer plays are kept); returns their ids."""
+        retired = []
+        for rec in self._records.values():
+            if rec.retired or len(rec.recent_plain) < plays:
+                continue
+            rate = sum(rec.recent_plain[-plays:]) / plays
+            if rate > win_rate:
+                rec.retired_iteration = int(iteration)
+                rec.retired_reason = (f"mastered: plain win rate {rate:.2f} over the last {plays} plays "
+                                      f"> {win_rate:g}")
+                retired.append(rec.env_id)
+        return retired
 
     def _evict(self) -> list[str]:
         evicted = []
@@ -302,4 +341,4 @@ class EnvironmentMemory:
         return mem
 
 
-__all__ = ["EnvRecord", "EnvironmentMemory", "Exemplar", "STATE_VERSION"]
+__all__ = ["EnvRecord", "EnvironmentMemory", "Exemplar", "MAX_RECENT_PLAYS", "STATE_VERSION"]

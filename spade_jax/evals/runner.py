@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -119,10 +119,14 @@ def summarize(items: Sequence[Item], scores: Sequence[Sequence[Score]], settings
 
 
 def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None,
-              *, progress: bool = True, spec: str | None = None, items: Sequence[Item] | None = None) -> SuiteResult:
+              *, progress: bool = True, spec: str | None = None, items: Sequence[Item] | None = None,
+              guidance: Callable[[str], str | None] | None = None) -> SuiteResult:
     """Plays and scores every item of ``suite`` (``settings.samples`` times each); writes its files
     under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run).
-    ``items``: the suite's items when the caller has listed them already."""
+    ``items``: the suite's items when the caller has listed them already. ``guidance(program)``
+    (procedure memory's preplay) goes into the first observation of the episodes of a suite
+    that takes it (``suite.guided``: the environment suites; benchmarks stay as published);
+    the summary's ``guided`` counts the episodes that got some."""
     started = time.perf_counter()
     settings = suite.settings
     items = list(suite.items(cfg.limit or None, cfg.seed) if items is None else items)
@@ -130,6 +134,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     scores: list[list[Score]] = [[] for _ in items]
     outputs: list[list[Any]] = [[] for _ in items]
     chat = [i for i, item in enumerate(items) if item.messages is not None]
+    guide = guidance if getattr(suite, "guided", False) else None
+    guided = 0
     episodes = [i for i, item in enumerate(items) if item.program is not None]
     with progress_bar(len(items) * settings.samples, suite.name, unit="samples", enabled=progress) as bar:
         for sample in range(settings.samples):
@@ -154,7 +160,9 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
                                                   temperature=settings.temperature, top_p=settings.top_p,
                                                   system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt))
-                requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed) for i in group]
+                requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed,
+                                           guidance=guide(items[i].program) if guide else None) for i in group]
+                guided += sum(r.guidance is not None for r in requests)
                 episode_pool = suite.episode_pool(context) if hasattr(suite, "episode_pool") else pool
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
                                              seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update,
@@ -166,6 +174,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     summary.update(suite=suite.name, spec=spec or suite.name, seed=cfg.seed, limit=cfg.limit,
                    notes=list(getattr(suite, "notes", ())),
                    settings=dataclasses.asdict(settings), wall_s=round(time.perf_counter() - started, 2))
+    if guide:
+        summary["guided"] = guided
     if out_dir is not None:
         _write(out_dir, suite.name, items, scores, outputs, summary)
     return SuiteResult(spec or suite.name, suite.name, summary)
@@ -197,14 +207,14 @@ class Evaluator:
                 self._suites.append((spec, None, str(err)))
 
     def run(self, policy, pool, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None, *,
-            progress: bool = True) -> list[SuiteResult]:
+            progress: bool = True, guidance: Callable[[str], str | None] | None = None) -> list[SuiteResult]:
         results = []
         for spec, suite, items in self._suites:
             if suite is None:
                 results.append(SuiteResult(spec, _file_name(spec), None, unavailable=items))
             else:
                 results.append(run_suite(policy, pool, suite, self.cfg, agent_cfg, out_dir, progress=progress,
-                                         spec=spec, items=items))
+                                         spec=spec, items=items, guidance=guidance))
         return results
 
 

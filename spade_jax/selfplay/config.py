@@ -21,7 +21,9 @@ import ml_collections
 from ml_collections import config_dict
 
 from spade_jax.agent import AgentConfig, HintConfig
+from spade_jax.agent.procedures import ProcedureConfig
 from spade_jax.bootstrap import BootstrapConfig
+from spade_jax.designer.calibration import CalibrationConfig
 from spade_jax.designer.corpus import CorpusConfig
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.prompts import PromptConfig
@@ -141,6 +143,8 @@ def base_config() -> ml_collections.ConfigDict:
     # ablation); the memory still records environments, which the agent replays. `heldout`: seed
     # programs left out of memory (never replayed, shown or compared against: kept for evaluation).
     c.memory = section(EnvironmentMemory, seed_library=True, enabled=True, heldout=())
+    # Solver-relative difficulty calibration of new designs; rotation of mastered ones out of replay.
+    c.calibration = section(CalibrationConfig)
     c.hints = section(HintConfig)
     c.agent = section(
         AgentConfig,
@@ -149,6 +153,7 @@ def base_config() -> ml_collections.ConfigDict:
         regret_weighting=False,
         regret_temperature=1.0,
         replay_envs=0,  # environments replayed from memory each iteration besides the new pool
+        procedure_memory=ProcedureConfig(),  # ProPlay-style preplay guidance (`agent/procedures.py`)
     )
     c.rl = section(OptimConfig)
     c.rl.update(section(LossConfig, exclude=("objective",)))
@@ -199,6 +204,14 @@ def agent_config(c) -> AgentConfig:
     return from_section(AgentConfig, c.agent)
 
 
+def procedure_config(c) -> ProcedureConfig:
+    return from_section(ProcedureConfig, c.agent.procedure_memory)
+
+
+def calibration_config(c) -> CalibrationConfig:
+    return from_section(CalibrationConfig, c.calibration)
+
+
 def hint_config(c) -> HintConfig:
     return from_section(HintConfig, c.hints)
 
@@ -246,7 +259,8 @@ def bootstrap_config(c) -> BootstrapConfig:
 _STAGES = (
     ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
-    ("agent", agent_config), ("hints", hint_config), ("corpus", corpus_config), ("memory", memory),
+    ("agent", agent_config), ("agent.procedure_memory", procedure_config), ("hints", hint_config),
+    ("corpus", corpus_config), ("memory", memory), ("calibration", calibration_config),
     ("rl", optim_config), ("rl", loss_config), ("eval", eval_config), ("eval.generation", eval_generation),
 )
 

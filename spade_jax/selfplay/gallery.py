@@ -3,10 +3,13 @@
 ``write_gallery(workdir)`` reads ``metrics.jsonl`` and ``gallery/envs.jsonl`` (see
 ``runlog.py``) and writes, under ``workdir/gallery/``:
 
-- ``index.html``: run overview, the curves as PNGs (``plots/*.png``), a per-skill table
-  and one row per environment (latest stats, number of plays) with filters;
+- ``index.html``: run overview, the curves as PNGs (``plots/*.png``), a per-skill table,
+  procedure memory's graphs (from ``procedures.json`` when the run keeps one) and one row
+  per environment (latest stats, number of plays) with filters;
 - ``envs/<name>.html``: one page per environment with its document, code, admission
-  verdict, reason and timings, stats history and one sample plain and hinted episode.
+  verdict, reason and timings, the calibrated level with each level's agent and solution
+  solve rates and gap, its retirement (when, why), stats history and one sample plain and
+  hinted episode.
 
 Everything is self-contained (inline CSS and a small inline script, no network) and
 opens from the file system. All model- and environment-written text goes through ``_esc``:
@@ -34,6 +37,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from spade_jax.agent.procedures import PROCEDURES_FILE
 from spade_jax.sandbox.text import clean_text
 from spade_jax.selfplay import console, plots, runlog
 from spade_jax.selfplay.runlog import EnvLogEntry
@@ -233,7 +237,7 @@ def _env_row(env: _Env) -> str:
         f'<td class="n" data-v="{first.iteration}">{first.iteration}</td>',
         f'<td><a href="{ENV_PAGES_DIR}/{env.stem}.html">{_esc(name)}</a></td>',
         f"<td>{_esc(env.skill)}</td>",
-        f"<td>{_esc(first.difficulty)}</td>",
+        f"<td>{_esc(first.difficulty)}{_level_note(env)}</td>",
         f'<td data-v="{env.verdict}">{_badge(env)}</td>',
         f'<td title="{_esc(_clip(first.reason, 1000))}">'
         f'{_esc(_clip(first.reason, _REASON_CHARS))}</td>',
@@ -279,6 +283,35 @@ def _skill_table(envs: list[_Env]) -> str:
     )
 
 
+def _procedures(workdir: pathlib.Path) -> str:
+    """Procedure memory (``procedures.json``, written by the loop when it is on): per key, the
+    preplayed path and every transition with its counts and reliability; "" without the file."""
+    try:
+        graphs = json.loads((workdir / PROCEDURES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(graphs, dict):
+        return ""
+    parts = ['<h2 id="procedures">Procedure memory</h2>']
+    for key, graph in sorted(graphs.items()):
+        if not isinstance(graph, dict):
+            continue
+        preplay = graph.get("preplay")
+        text = preplay.get("text") if isinstance(preplay, dict) else None
+        rows = "".join(
+            f"<tr><td><code>{_esc(t.get('from'))}</code></td><td><code>{_esc(t.get('to'))}</code></td>"
+            f"<td class=n>{_esc(t.get('success'))}</td><td class=n>{_esc(t.get('count'))}</td>"
+            f"<td class=n>{_num(t.get('reliability'))}</td></tr>"
+            for t in graph.get("transitions", []) if isinstance(t, dict)
+        )
+        parts.append(
+            f"<h3>{_esc(key)}</h3><p>preplay: {_esc(text) if text else '<span class=muted>no won path yet</span>'}</p>"
+            '<table class="auto"><thead><tr><th>from</th><th>to</th><th class=n>won</th><th class=n>plays</th>'
+            f"<th class=n>reliability</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+    return "\n".join(parts)
+
+
 def _index(workdir: pathlib.Path, metrics: list[dict], envs: list[_Env], plot_files) -> str:
     designed = [env for env in envs if env.verdict != "seed"]
     admitted = sum(env.verdict == "admitted" for env in designed)
@@ -313,6 +346,7 @@ def _index(workdir: pathlib.Path, metrics: list[dict], envs: list[_Env], plot_fi
     )
     if envs:
         parts.append('<h2 id="skills">By skill</h2>' + _skill_table(envs))
+    parts.append(_procedures(workdir))
     skills = sorted({env.skill for env in envs})
     options = "".join(f'<option value="{_esc(s)}">{_esc(s)}</option>' for s in skills)
     headers = [("iter", "num", "n"), ("environment", "text", ""), ("skill", "text", ""),
@@ -364,6 +398,37 @@ def _code(code: str) -> str:
     return '<pre class="code">' + "\n".join(f'<span class="l">{line}</span>' for line in lines) + "</pre>"
 
 
+def _level_note(env: _Env) -> str:
+    """The calibrated level and a retirement mark for the index row ("" when neither)."""
+    level = (env.latest_with("level") or env.first).level
+    note = f" \u00b7 level {_esc(level)}" if level else ""
+    if env.latest_with("retired") is not None:
+        note += ' <span class="badge rejected">retired</span>'
+    return note
+
+
+def _calibration(calibration: Any) -> str:
+    """Per level: the agent's and the solution's solve rates and their gap, the chosen level in bold."""
+    if not isinstance(calibration, dict) or not isinstance(calibration.get("levels"), list):
+        return "\u2013"
+    columns = [calibration.get(k) if isinstance(calibration.get(k), list) else [] for k in ("agent", "solution", "gap")]
+    rows = []
+    for i, level in enumerate(calibration["levels"]):
+        name = _esc(level if level is not None else "default")
+        name = f"<b>{name}</b>" if calibration.get("admitted") and level == calibration.get("level") else name
+        cells = "".join(f"<td class=n>{_num(col[i] if i < len(col) else None)}</td>" for col in columns)
+        rows.append(f"<tr><td>{name}</td>{cells}</tr>")
+    return ('<table class="auto"><thead><tr><th>level</th><th class=n>agent</th><th class=n>solution</th>'
+            f'<th class=n>gap</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<span class=muted>{_esc(calibration.get("episodes"))} episodes, '
+            f'{_esc(console.format_duration(calibration.get("seconds") or 0.0))}</span>')
+
+
+def _retirement(env: _Env) -> str:
+    record = env.latest_with("retired")
+    return f"iteration {_esc(record.iteration)}: {_esc(record.retired)}" if record is not None else "\u2013"
+
+
 def _timings(timings: Any) -> str:
     if not isinstance(timings, dict) or not timings:
         return "\u2013"
@@ -394,6 +459,9 @@ def _env_page(env: _Env) -> str:
         ("reason", _esc(first.reason) or "\u2013"),
         ("skill", _esc(env.skill)),
         ("difficulty", _esc(first.difficulty)),
+        ("level played", _esc((env.latest_with("level") or first).level) or "default"),
+        ("calibration", _calibration(first.calibration)),
+        ("retired", _retirement(env)),
         ("designed in", f"iteration {_esc(first.iteration)}, slot {_esc(first.slot)}"),
         ("logged in iterations", ", ".join(_esc(r.iteration) for r in env.records)),
         ("admission timings", _timings(first.timings)),

@@ -13,6 +13,7 @@ so a resumed run repeats an uninterrupted one exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,13 +28,16 @@ import numpy as np
 from absl import logging
 
 from spade_jax.agent import matched_requests, play_episodes, write_hints
+from spade_jax.agent.procedures import PROCEDURES_FILE, ProcedureMemory, abstract
 from spade_jax.agent.rollout import RolloutStats
+from spade_jax.designer.calibration import STAGE as CALIBRATION_STAGE
+from spade_jax.designer.calibration import calibrate
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.review import rejection_reason, review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
-from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.evals import runner as eval_runner
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
@@ -50,7 +54,7 @@ from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry, MetricsWriter
 from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
 
-_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6}
+_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6, "calibration": 7}
 
 
 class Preempted(Exception):
@@ -76,6 +80,9 @@ class SelfPlay:
         self.reward_cfg = config_lib.reward_config(config)
         self.eval_cfg = config_lib.eval_config(config)
         self.eval_generation = config_lib.eval_generation(config)
+        self.calibration_cfg = config_lib.calibration_config(config)
+        self.procedure_cfg = config_lib.procedure_config(config)
+        self.procedures = ProcedureMemory(self.procedure_cfg) if self.procedure_cfg.enabled else None
         self.evaluator: eval_runner.Evaluator | None = None  # built at the first evaluation
         self.pool = ShardedPool(SandboxPool(config_lib.sandbox_config(config)))
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
@@ -165,7 +172,8 @@ class SelfPlay:
             for m in self.state.history
         ]
         corpus = self.corpus.state() if self.corpus else None
-        payload = json.dumps([history, self.memory.to_state(), corpus], sort_keys=True, default=str)
+        procedures = self.procedures.to_state() if self.procedures else None
+        payload = json.dumps([history, self.memory.to_state(), corpus, procedures], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def _meta(self) -> dict:
@@ -174,6 +182,7 @@ class SelfPlay:
             "loop": self.state.to_json(),
             "memory": self.memory.to_state(),
             "corpus": self.corpus.state() if self.corpus else None,
+            "procedures": self.procedures.to_state() if self.procedures else None,
         }
 
     def _load_meta(self, meta: dict) -> None:
@@ -185,6 +194,8 @@ class SelfPlay:
         self.memory = EnvironmentMemory.from_state(meta["memory"])
         if self.corpus:
             self.corpus.restore(meta["corpus"])
+        if self.procedures is not None:  # a checkpoint from before procedure memory (or without it) starts empty
+            self.procedures = ProcedureMemory.from_state(self.procedure_cfg, meta.get("procedures") or {})
 
     def _save(self, step: int, meta: dict | None = None) -> None:
         if self._saved_step == step:
@@ -240,6 +251,8 @@ class SelfPlay:
             times["review_s"] = time.perf_counter() - start
 
         stats, agent_sequences, designer = self._score(it, envs, trajectories, metrics)
+        if self.procedures is not None:
+            self._learn_procedures(envs, trajectories, metrics)
 
         start = time.perf_counter()
         train_metrics = self._update(agent_sequences + (designer.sequences if cfg.designer.train else []))
@@ -250,6 +263,7 @@ class SelfPlay:
         if it % cfg.designer.regeneration_period == cfg.designer.regeneration_period - 1:
             self.state.pool = []
         metrics["memory/size"] = len(self.memory)
+        metrics["memory/retired"] = sum(r.retired for r in self.memory.records())
         if self.eval_cfg.every and self.eval_cfg.specs and (it + 1) % self.eval_cfg.every == 0:
             start = time.perf_counter()
             metrics.update(self._evaluate(it + 1))
@@ -278,12 +292,15 @@ class SelfPlay:
             )
             bar.update(1)
         times["admission_s"] = time.perf_counter() - start - times["design_s"]
+        if self.calibration_cfg.enabled:
+            self._calibrate(designs, it, metrics, times)
         self.state.pool = []
         for d in designs:
             env_id = design_env_id(it, d.slot) if d.admitted else None
             if env_id:
+                level = (d.report.details.get("calibration") or {}).get("level")
                 self.state.pool.append(
-                    PoolEnv(env_id, d.report.code, d.skill, d.doc_id, design_iteration=it)
+                    PoolEnv(env_id, d.report.code, d.skill, d.doc_id, design_iteration=it, difficulty=level)
                 )
             self.state.pending.append(
                 PendingDesign(
@@ -304,21 +321,44 @@ class SelfPlay:
         metrics["designer/proposed"] = len(designs)
         metrics["designer/admitted"] = sum(d.admitted for d in designs)
         metrics["designer/admission_rate"] = metrics["designer/admitted"] / max(len(designs), 1)
-        for stage in STAGES:
+        for stage in STAGES + ((CALIBRATION_STAGE,) if self.calibration_cfg.enabled else ()):
             metrics[f"designer/rejected/{stage}"] = sum(not d.admitted and d.report.stage == stage for d in designs)
         return designs
 
+    def _calibrate(self, designs: Sequence[DesignSample], it: int, metrics: dict, times: dict) -> None:
+        """Calibrates the admitted designs against the current agent (`config.calibration`): each
+        report gets the result in ``details["calibration"]``; a program with no level in band becomes
+        rejected at stage "calibration" (its designer sample then earns the failure penalty)."""
+        start = time.perf_counter()
+        admitted = [d for d in designs if d.admitted]
+        with phase_bar("calibration", 1, enabled=self.config.log.progress and self.main) as bar:
+            results = calibrate(self.policy, self.pool, [d.report.code for d in admitted], self.agent_cfg,
+                                self.calibration_cfg, seed=derive_seed(self.config.seed, it, _PHASES["calibration"]))
+            bar.update(1)
+        for d, result in zip(admitted, results):
+            d.report.details["calibration"] = result.to_dict()
+            if not result.admitted:
+                d.report.admitted, d.report.stage, d.report.reason = False, CALIBRATION_STAGE, result.reason
+        times["calibration_s"] = time.perf_counter() - start
+        metrics["calibration/episodes"] = sum(r.episodes for r in results)
+        gaps = [g for r in results for g in r.gaps]
+        rates = [a for r in results for a in r.agent_rates]
+        metrics["calibration/solve_verify_gap_mean"] = float(np.mean(gaps)) if gaps else math.nan
+        metrics["calibration/agent_solve_rate_mean"] = float(np.mean(rates)) if rates else math.nan
+
     def _replays(self, it: int) -> list[PoolEnv]:
-        """Environments replayed from memory this iteration (not already in the pool)."""
+        """Environments replayed from memory this iteration (not already in the pool, not retired),
+        each at the difficulty level calibration chose for it."""
         n = self.config.agent.replay_envs
         in_pool = {e.env_id for e in self.state.pool}
-        candidates = [r for r in self.memory.records() if r.env_id not in in_pool]
+        candidates = [r for r in self.memory.records() if r.env_id not in in_pool and not r.retired]
         if not n or not candidates:
             return []
         rng = np.random.default_rng(derive_seed(self.config.seed, it, _PHASES["replay"]))
         chosen = rng.choice(len(candidates), size=min(n, len(candidates)), replace=False)
         return [
-            PoolEnv(r.env_id, r.code, r.skill, r.doc_id, design_iteration=r.iteration_added, is_replay=True)
+            PoolEnv(r.env_id, r.code, r.skill, r.doc_id, design_iteration=r.iteration_added, is_replay=True,
+                    difficulty=r.level)
             for r in (candidates[i] for i in sorted(chosen))
         ]
 
@@ -336,8 +376,12 @@ class SelfPlay:
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
-            requests += matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint,
-                                         self.hint_cfg.placebo_of)
+            env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
+            requests += [
+                dataclasses.replace(r, env_kwargs=env_kwargs, guidance=self._guidance(env))
+                for r in matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint,
+                                          self.hint_cfg.placebo_of)
+            ]
         if not requests:
             return []
         with phase_bar("episodes", len(requests), enabled=self.config.log.progress and self.main) as bar:
@@ -350,6 +394,34 @@ class SelfPlay:
                 progress=bar.update,
                 stats=stats,
             )
+
+    def _guidance(self, env: PoolEnv) -> str | None:
+        """Procedure memory's preplay text for `env` (None without procedure memory)."""
+        if self.procedures is None:
+            return None
+        return self.procedures.guidance(self.procedures.key(env.code, env.skill))
+
+    def _program_guidance(self, program: str) -> str | None:
+        """The preplay text for a held-out program (its skill read from its docstring, or its family)."""
+        return self.procedures.guidance(self.procedures.key(program))
+
+    def _learn_procedures(self, envs: Sequence[PoolEnv], trajectories, metrics: dict) -> None:
+        """Counts this iteration's plain episodes into procedure memory and writes its summary
+        (`procedures.json`, for the gallery). Hinted plays are left out: they follow a privileged
+        hint, and their procedures would overstate what the agent does alone."""
+        for t in trajectories:
+            env = envs[t.request.env_key]
+            key = self.procedures.key(env.code, env.skill)
+            if not t.hinted and key is not None and t.turns:
+                self.procedures.update(key, abstract(t.messages, t.won, t.end_reason), t.won)
+        metrics["procedures/keys"] = len(self.procedures.keys())
+        metrics["procedures/transitions"] = self.procedures.num_transitions
+        metrics["procedures/guided_episodes"] = sum(t.request.guidance is not None for t in trajectories)
+        if self.main:
+            path = os.path.join(self.workdir, PROCEDURES_FILE)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(self.procedures.summary(), f, indent=1, sort_keys=True)
+            os.replace(path + ".tmp", path)
 
     def _self_review(self, envs, trajectories, it: int, metrics: dict):
         """The policy judges each environment designed this iteration from its source and one
@@ -414,7 +486,8 @@ class SelfPlay:
         if self.evaluator is None:
             self.evaluator = eval_runner.Evaluator(self.eval_cfg, self.eval_generation)
         results = self.evaluator.run(self.policy, self.pool, self.agent_cfg, out_dir,
-                                     progress=self.config.log.progress and self.main)
+                                     progress=self.config.log.progress and self.main,
+                                     guidance=self._program_guidance if self.procedures else None)
         if self.main:
             print(eval_runner.table(results), flush=True)
         return eval_runner.metrics(results)
@@ -453,20 +526,27 @@ class SelfPlay:
                 continue
             values = dict(win_rate=s.win_rate, mean_plain=s.mean_plain, mean_hinted=s.mean_hinted, regret=s.regret)
             reward = designer_rewards.get(env.env_id)
+            wins = [is_success(r) for _, r, played in env.plain if played == it]
             if env.env_id in self.memory:
-                self.memory.update(env.env_id, iteration=it, designer_reward=reward, **values)
+                self.memory.update(env.env_id, iteration=it, designer_reward=reward, plain_wins=wins, **values)
             elif not env.is_replay:
                 self.memory.add(env.code, env.skill, iteration=it, doc_id=env.doc_id, designer_reward=reward,
-                                env_id=env.env_id, **values)
+                                env_id=env.env_id, level=env.difficulty, plain_wins=wins, **values)
             plain_t, hinted_t = sample_of.get((e_index, False)), sample_of.get((e_index, True))
             entry = EnvLogEntry(
                 iteration=it, env_id=env.env_id, skill=env.skill, doc_id=env.doc_id, code=env.code, admitted=True,
                 is_seed=env.env_id.startswith("seed-"), replay=env.is_replay, hinted_win_rate=s.hinted_win_rate,
                 designer_reward=reward, transcript=plain_t.messages if plain_t else None,
-                hinted_transcript=hinted_t.messages if hinted_t else None, hint=env.hint, **values,
+                hinted_transcript=hinted_t.messages if hinted_t else None, hint=env.hint, level=env.difficulty,
+                **values,
             )
             played.append(entry)
             entries.setdefault(env.env_id, entry)
+        if self.calibration_cfg.retire_win_rate > 0:
+            for env_id in self.memory.retire_mastered(it, self.calibration_cfg.retire_win_rate,
+                                                      self.calibration_cfg.retire_plays):
+                if env_id in entries:
+                    entries[env_id].retired = self.memory.get(env_id).retired_reason
         designed = []
         for d in designs:
             env_id = design_env_id(it, d.slot) if d.admitted else None
@@ -474,7 +554,7 @@ class SelfPlay:
             if env_id in review_rejected:
                 stage, reason = "self_review", rejection_reason(review_rejected[env_id])
             design = dict(slot=d.slot, difficulty=d.difficulty, doc_excerpt=d.doc_excerpt, stage=stage, reason=reason,
-                          timings=d.report.timings)
+                          timings=d.report.timings, calibration=d.report.details.get("calibration"))
             entry = entries.get(env_id) if env_id else None
             if entry is not None:
                 for field, value in design.items():

@@ -192,7 +192,9 @@ class EnvLogEntry:
     admission verdict (stage, reason, timings); an environment that was played carries its
     statistics, a sample plain and hinted transcript and its hint. Entries sharing an
     ``env_id`` are one environment played in several iterations (replays, seeds); a
-    rejected design has ``env_id`` None.
+    rejected design has ``env_id`` None. With calibration a design also carries its
+    per-level rates (``calibration``) and a played one the ``level`` it was played at; the
+    entry of the iteration in which pool rotation retired an environment carries ``retired``.
     """
 
     iteration: int
@@ -218,6 +220,9 @@ class EnvLogEntry:
     transcript: list | None = None
     hinted_transcript: list | None = None
     hint: str | None = None
+    level: str | None = None  # the difficulty level played (`difficulty` is the designer prompt's)
+    calibration: dict | None = None  # `CalibrationResult.to_dict()` of a calibrated design
+    retired: str | None = None  # why pool rotation retired it in this iteration
 
     def to_json(self) -> dict:
         """The JSON object of this entry: plain values, null fields left out."""

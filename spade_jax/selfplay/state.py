@@ -31,6 +31,7 @@ class PoolEnv:
     design_iteration: int
     is_replay: bool = False
     hint: str | None = None
+    difficulty: str | None = None  # the level calibration chose (None: the program's default)
     plain: list = dataclasses.field(default_factory=list)
     hinted: list = dataclasses.field(default_factory=list)
 

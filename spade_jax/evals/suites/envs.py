@@ -9,7 +9,8 @@ no archive, so novelty passes) under the run's admission config and sandbox
 (``EvalConfig.admission``) with the evaluation's turn bound (``eval.max_turns``); each admitted program is played ``eval.episodes_per_env``
 times from seeds fixed by ``eval.seed``, as a plain multi-turn episode of the agent's own
 engine. Score 1 for a won episode; the summary also gives the mean episode reward, per
-program (group) and overall. Rejected programs are listed in the summary's notes.
+program (group) and overall. Rejected programs are listed in the summary's notes. Given
+procedure memory's ``guidance`` (`runner.run_suite`), each play's first observation carries it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class EnvironmentSuite:
     max_turns: int
     admission: AdmissionConfig
     notes: list = dataclasses.field(default_factory=list)
+    guided = True  # plays take procedure memory's guidance when the caller gives it (`runner.run_suite`)
 
     def items(self, limit, seed):
         paths = self.paths
