@@ -33,10 +33,9 @@ def main(argv) -> None:
     import jax
 
     from spade_jax.evals import runner
-    from spade_jax.rl.train import Trainer
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
-    from spade_jax.selfplay.checkpoint import Checkpointer
+    from spade_jax.selfplay.checkpoint import restore_parameters
     from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 
     config = FLAGS.config
@@ -48,30 +47,13 @@ def main(argv) -> None:
     if not cfg.specs:
         raise app.UsageError("no suites: give --suites=... or set config.eval.suites")
     policy = build_policy(config, workdir, mesh_from_config(config))
-    step = _restore(policy, config, workdir, FLAGS.checkpoint, Trainer, Checkpointer, config_lib)
+    step = restore_parameters(policy, config, workdir, FLAGS.checkpoint)
+    step = "initial" if step is None else str(step)
     out_dir = os.path.join(workdir, "evals", step)
     with SandboxPool(config_lib.sandbox_config(config)) as pool:
         results = runner.run_suites(policy, pool, cfg, config_lib.agent_config(config), out_dir,
                                     config_lib.eval_generation(config), progress=config.log.progress)
     print(f"\nevaluation of {step} in {out_dir}\n" + runner.table(results), flush=True)
-
-
-def _restore(policy, config, workdir: str, checkpoint: str, Trainer, Checkpointer, config_lib) -> str:
-    """Loads the chosen checkpoint's parameters into ``policy``; returns the results' directory name."""
-    directory = os.path.join(workdir, "checkpoints")
-    if checkpoint == "none" or (checkpoint == "latest" and not os.path.isdir(directory)):
-        return "initial"
-    checkpointer = Checkpointer(directory, async_save=False)
-    try:
-        step = checkpointer.latest_step() if checkpoint == "latest" else int(checkpoint)
-        if step is None:
-            return "initial"
-        trainer = Trainer(policy, config_lib.optim_config(config), config_lib.loss_config(config))
-        train, _ = checkpointer.restore(step, trainer.state_dict())
-        trainer.load_state_dict(train)
-        return str(step)
-    finally:
-        checkpointer.close()
 
 
 if __name__ == "__main__":

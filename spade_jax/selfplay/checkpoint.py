@@ -16,6 +16,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from spade_jax.rl.train import Trainer
+from spade_jax.selfplay import config as config_lib
+
 
 class Checkpointer:
     """Saves and restores `(train pytree, meta dict)` pairs keyed by completed iterations."""
@@ -51,3 +54,25 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def restore_parameters(policy, config, workdir: str, checkpoint: str) -> int | None:
+    """Loads the parameters of a run's checkpoint into ``policy`` (for the command-line tools).
+
+    ``checkpoint``: a step, "latest" (the newest, if ``workdir`` has any) or "none". Returns the
+    step loaded, or None when the policy keeps the preset's initial weights.
+    """
+    directory = os.path.join(workdir, "checkpoints")
+    if checkpoint == "none" or (checkpoint == "latest" and not os.path.isdir(directory)):
+        return None
+    checkpointer = Checkpointer(directory, async_save=False)
+    try:
+        step = checkpointer.latest_step() if checkpoint == "latest" else int(checkpoint)
+        if step is None:
+            return None
+        trainer = Trainer(policy, config_lib.optim_config(config), config_lib.loss_config(config))
+        train, _ = checkpointer.restore(step, trainer.state_dict())
+        trainer.load_state_dict(train)
+        return step
+    finally:
+        checkpointer.close()

@@ -66,6 +66,7 @@ def _run(programs, cfg) -> None:
     from spade_jax.sampling.chat import complete_chats
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
+    from spade_jax.selfplay.checkpoint import restore_parameters
     from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
     from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
     from spade_jax.trajectories.synth import summary_table, synthesize
@@ -79,7 +80,8 @@ def _run(programs, cfg) -> None:
         policy, step = load_bootstrap(FLAGS.bootstrap_dir), f"bootstrap {FLAGS.bootstrap_dir}"
     else:
         policy = build_policy(config, workdir, mesh_from_config(config))
-        step = _restore(policy, config, workdir, FLAGS.checkpoint)
+        step = restore_parameters(policy, config, workdir, FLAGS.checkpoint)
+        step = "initial" if step is None else f"checkpoint {step}"
     agent = config_lib.agent_config(config)
     agent = dataclasses.replace(agent, temperature=0.0, max_turns=max(agent.max_turns, cfg.chain.max_calls + 2))
 
@@ -96,28 +98,6 @@ def _run(programs, cfg) -> None:
         write_jsonl(FLAGS.rl_out, (rl_task(e) for e in examples))
         print(f", RL tasks in {FLAGS.rl_out}", end="")
     print("\n\n" + summary_table(reports), flush=True)
-
-
-def _restore(policy, config, workdir: str, checkpoint: str) -> str:
-    """Loads the chosen checkpoint of ``workdir`` into ``policy``; returns its name ('initial' without one)."""
-    from spade_jax.rl.train import Trainer
-    from spade_jax.selfplay import config as config_lib
-    from spade_jax.selfplay.checkpoint import Checkpointer
-
-    directory = os.path.join(workdir, "checkpoints")
-    if checkpoint == "none" or (checkpoint == "latest" and not os.path.isdir(directory)):
-        return "initial"
-    checkpointer = Checkpointer(directory, async_save=False)
-    try:
-        step = checkpointer.latest_step() if checkpoint == "latest" else int(checkpoint)
-        if step is None:
-            return "initial"
-        trainer = Trainer(policy, config_lib.optim_config(config), config_lib.loss_config(config))
-        train, _ = checkpointer.restore(step, trainer.state_dict())
-        trainer.load_state_dict(train)
-        return f"checkpoint {step}"
-    finally:
-        checkpointer.close()
 
 
 if __name__ == "__main__":
