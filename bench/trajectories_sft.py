@@ -11,6 +11,11 @@ configs/tiny.py sets ``eval.suites``) is scored before and after.
 
     python bench/trajectories_sft.py --bootstrap_dir /work/study/bootstrap/bootstrap-<key>
     python bench/trajectories_sft.py --bootstrap_dir DIR --num 4 --steps 4 --episodes 2   # a quick check
+    python bench/trajectories_sft.py --bootstrap_dir DIR --writer smollm2   # SmolLM2 writes the queries
+
+``--writer smollm2`` has the pip-packaged SmolLM2-135M-Instruct write the user queries (a
+pretrained writer synthesizing data for a weaker policy, as EnvFactory uses a strong model);
+the calibrating agent and the policy trained are the tiny one either way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from configs import tiny  # noqa: E402
+from configs import smollm2_135m, tiny  # noqa: E402
 from spade_jax.agent import play_episodes  # noqa: E402
 from spade_jax.bootstrap import BootstrapConfig, build as bootstrap  # noqa: E402
 from spade_jax.bootstrap import data  # noqa: E402
@@ -37,6 +42,7 @@ from spade_jax.rl.train import LossConfig, OptimConfig, Trainer  # noqa: E402
 from spade_jax.sampling.chat import complete_chats  # noqa: E402
 from spade_jax.sandbox import SandboxPool  # noqa: E402
 from spade_jax.selfplay import config as config_lib  # noqa: E402
+from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config  # noqa: E402
 from spade_jax.trajectories import ChainConfig, SynthConfig, summary_table, synthesize  # noqa: E402
 from spade_jax.trajectories.queries import agent_observation  # noqa: E402
 
@@ -69,6 +75,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--episodes", type=int, default=4, help="held-out plays per program (each of before/after)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--writer", choices=("policy", "smollm2"), default="policy",
+                        help="who writes the queries: the tiny policy, or the packaged SmolLM2")
     args = parser.parse_args()
 
     config = tiny.get_config()
@@ -79,8 +87,13 @@ def main() -> None:
     agent = dataclasses.replace(agent, temperature=0.0, max_turns=max(agent.max_turns, args.max_calls + 2))
     cfg = SynthConfig(chains_per_env=args.num, seed=args.seed, chain=ChainConfig(max_calls=args.max_calls))
 
+    writer = policy
+    if args.writer == "smollm2":
+        writer_config = smollm2_135m.get_config()
+        writer = build_policy(writer_config, "", mesh_from_config(writer_config))
+
     def complete(chats):
-        return [c.text for c in complete_chats(policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+        return [c.text for c in complete_chats(writer, chats, max_new_tokens=cfg.query.max_new_tokens,
                                                temperature=cfg.query.temperature, seed=args.seed)]
 
     started = time.perf_counter()
@@ -109,7 +122,8 @@ def main() -> None:
     print(f"| {len(examples)} | {len(losses)} | {loss} | {before:.3f} | {after:.3f} | "
           f"{time.perf_counter() - started:.0f}s |")
     print(f"\nheld-out: {held} programs x {args.episodes} greedy plays each; command: python bench/trajectories_sft.py "
-          f"--bootstrap_dir {args.bootstrap_dir} --num {args.num} --steps {args.steps} --episodes {args.episodes}",
+          f"--bootstrap_dir {args.bootstrap_dir} --num {args.num} --steps {args.steps} --episodes {args.episodes} "
+          f"--writer {args.writer}",
           flush=True)
 
 
