@@ -555,6 +555,9 @@ PROBE_SNIFFERS = {  # tests/hostile_admission: programs that try to tell admissi
     # rejects it, its random plays winning half the time
     "probe_aware_noise.py": {"determinism", "not_trivial"},
     "pause_switch_real_clock.py": {"determinism"},
+    # difficulty levels (calibration trains at a chosen level): each level is replayed and no-op probed
+    "level_noise.py": {"determinism"},
+    "level_noop.py": {"not_trivial"},
 }
 
 

@@ -10,10 +10,12 @@ Seven named stages, stopping at the first failure, each failure with a reason:
                 ends within the turn bound (max_turns). A program that declares
                 ``DIFFICULTY_LEVELS`` (``policy.difficulty_levels``) also gets one such play
                 per level, constructed with ``difficulty=<level>``; a malformed declaration fails here;
-4. determinism  replaying the contract plays (same seeds, same actions) gives the same
-                observations, rewards and flags, also when the replay pauses ``pause_s``
-                before the first step or before a random later one;
-5. not_trivial  no no-op first action wins, and at most ``max_random_win_rate`` of
+4. determinism  replaying the contract plays (same seeds, same actions; the first
+                ``determinism_seeds`` and every level's) gives the same observations,
+                rewards and flags, also when the replay pauses ``pause_s`` before the
+                first step or before a random later one;
+5. not_trivial  no no-op first action wins (at the default and at every declared level),
+                and at most ``max_random_win_rate`` of
                 ``random_plays`` random multi-step plays win;
 6. feasibility  replaying ``solution()`` (one action per line) from a fresh reset reaches
                 SUCCESS_REWARD, for every contract seed;
@@ -457,9 +459,7 @@ class _Admission:
 
     def _judge_play(self, script: _Script, trace: _Trace, must_end_within: int | None) -> str | None:
         """Errors and out-of-range rewards; with ``must_end_within``, also an episode that does not end."""
-        seed, start = script.seed, trace.start
-        if script.env_kwargs:
-            seed = f"{seed} (difficulty={script.env_kwargs.get('difficulty')!r})"
+        seed, start = _seed_label(script), trace.start
         if start.error:
             return f"reset({seed}) failed: {start.error}"
         if not start.observation.strip():
@@ -482,7 +482,10 @@ class _Admission:
     def _determinism(self, cands):
         plain, paused = [], []
         for c in cands:
-            for script, trace in c.contract[:self.cfg.determinism_seeds]:
+            # the first contract plays, and every level's play: a level must be as deterministic
+            # as the default, since calibration may choose it for training
+            replayed = c.contract[:self.cfg.determinism_seeds] + [p for p in c.contract if p[0].env_kwargs]
+            for script, trace in replayed:
                 plain.append((dataclasses.replace(script), trace))
                 if self.cfg.pause_s > 0 and trace.steps:
                     # one pause between reset and the first step, one before a random later step
@@ -492,7 +495,7 @@ class _Admission:
         failures: dict[int, str] = {}
         for (script, first), second in zip(pairs, self._play([s for s, _ in pairs])):
             c = script.owner
-            reason = None if id(c) in failures else _compare(script.seed, first, second)
+            reason = None if id(c) in failures else _compare(_seed_label(script), first, second)
             if reason:
                 if script.pause_before is not None:
                     reason += f" (the replay paused {self.cfg.pause_s:g} s before step {script.pause_before})"
@@ -511,8 +514,10 @@ class _Admission:
                 if c.rng.random() < 0.25:
                     actions[0] = c.rng.choice(NOOP_ACTIONS)
                 scripts.append(_Script(c, c.play_seeds[i], actions, turn_limit=c.turn_bound))
-            for noop, seed in zip(NOOP_ACTIONS, c.play_seeds[plays:]):
-                noops.append(_Script(c, seed, [noop], turn_limit=c.turn_bound))
+            for level in (None, *c.levels):  # no level may be won by doing nothing
+                kwargs = {} if level is None else {"difficulty": level}
+                for noop, seed in zip(NOOP_ACTIONS, c.play_seeds[plays:]):
+                    noops.append(_Script(c, seed, [noop], turn_limit=c.turn_bound, env_kwargs=kwargs))
         traces = self._play(scripts + noops)
         reasons: dict[int, str] = {}
         wins: dict[int, int] = {}
@@ -535,8 +540,9 @@ class _Admission:
             if error:
                 reasons.setdefault(id(c), f"seed {script.seed}, no-op action {_show(script.actions[0])}: {error}")
             elif trace.steps and is_success(trace.steps[0].raw_reward):
+                level = f" at difficulty {script.env_kwargs['difficulty']!r}" if script.env_kwargs else ""
                 reasons.setdefault(id(c), f"the no-op action {_show(script.actions[0])} already wins "
-                                          f"(reward {trace.steps[0].raw_reward}) on seed {script.seed}")
+                                          f"(reward {trace.steps[0].raw_reward}) on seed {script.seed}{level}")
         return [reasons.get(id(c)) for c in cands]
 
     def _feasibility(self, cands):
@@ -711,7 +717,13 @@ def _subclasses_tool_use(tree: ast.Module) -> bool:
     return False
 
 
-def _compare(seed: int, first: _Trace, second: _Trace) -> str | None:
+def _seed_label(script: _Script) -> str:
+    """The script's seed as reasons name it, with its difficulty level when it has one."""
+    level = script.env_kwargs.get("difficulty")
+    return f"{script.seed}" if level is None else f"{script.seed} (difficulty={level!r})"
+
+
+def _compare(seed: int | str, first: _Trace, second: _Trace) -> str | None:
     if first.start.observation != second.start.observation:
         return f"seed {seed}: reset() observations differ between two runs with the same seed"
     if len(first.steps) != len(second.steps):
