@@ -91,7 +91,8 @@ def test_each_stage_dataclass_is_its_config_section():
     from spade_jax.selfplay import config as config_lib
 
     c = config_lib.base_config()
-    excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}, "eval": {"admission"}}
+    excluded = {"admission": {"max_turns", "sandbox"}, "corpus": {"max_words", "seed"}, "rl": {"objective"}, "eval": {"admission"},
+                "trajectories": {"seed"}}
     for field, build in config_lib._STAGES:
         built = build(c)
         if not dataclasses.is_dataclass(built):  # the memory (a class) and the per-suite settings (a dict)

@@ -244,3 +244,55 @@ def test_an_exported_record_round_trips_through_a_tool_chat_template(pool):
         assert f'{{"name": "{call["name"]}", "arguments": {json.dumps(call["arguments"])}}}' in text
         assert f"<tool_response>\n{result}\n</tool_response>" in text
     assert text.count("<tool_call>") == len(chain.calls) and f"<answer>{chain.results[-1]}</answer>" in text
+
+
+def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, small_tokenizer, monkeypatch):
+    import jax
+
+    from spade_jax.models import ModelConfig, make_mesh, random_policy
+    from spade_jax.selfplay import loop
+    from spade_jax.selfplay.config import base_config
+
+    c = base_config()
+    c.model.source = "random"
+    c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+    c.mesh.shape = (1, 1, 1)
+    c.designer.enabled = False
+    c.corpus.enabled = False
+    c.agent.replay_envs = 1
+    c.sandbox.num_workers = 1
+    c.log.progress = False
+    c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
+    c.trajectories.chain.max_calls = 3
+    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items()
+                                                                  if k != "vocab_size"})
+    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    monkeypatch.setattr(loop, "complete_chats",
+                        lambda policy, chats, **unused: [types.SimpleNamespace(text=t) for t in _canned_queries(chats)])
+    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    try:
+        metrics = run._synthesize_trajectories(4)
+    finally:
+        run.close()
+    # memory's newest tool-use program (the seed library's first: shopping); the first query names price(
+    assert metrics == {"trajectories/envs": 1, "trajectories/chains": 3, "trajectories/kept": 2,
+                       "trajectories/acceptance": 2 / 3, "trajectories/by_agent": 2}
+    out = tmp_path / "trajectories" / "5"
+    sft, rl = read_jsonl(str(out / "sft.jsonl")), read_jsonl(str(out / "rl.jsonl"))
+    assert len(sft) == len(rl) == 2 and all(score_transcript(t, r["messages"]) for t, r in zip(rl, sft))
+    assert "| seed-shopping | 1 / 1 / 1 | 3 | 3 | 1 | 0 | 2 | 67% | 2 | 0 |" in (out / "summary.md").read_text()
+
+
+def test_the_trajectories_section_is_validated():
+    from spade_jax.selfplay.config import base_config, validate
+
+    c = base_config()
+    c.model.source = "random"
+    c.trajectories.every = -1
+    with pytest.raises(ValueError, match="config.trajectories: every must be >= 0"):
+        validate(c, 1)
+    c.trajectories.every = 2
+    c.trajectories.chains_per_env = 0
+    with pytest.raises(ValueError, match="config.trajectories: SynthConfig.chains_per_env"):
+        validate(c, 1)

@@ -37,6 +37,7 @@ from spade_jax.rl.rewards import DesignerRewardConfig
 from spade_jax.rl.train import LossConfig, OptimConfig
 from spade_jax.sandbox import SandboxConfig
 from spade_jax.sandbox.admission import AdmissionConfig
+from spade_jax.trajectories.synth import SynthConfig
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
@@ -161,6 +162,11 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Held-out evaluation (`spade_jax.evals`): which suites, how often; per-suite sampling in
     # `eval.generation.<prefix>` (dashes in a prefix become underscores).
+    # Tool-use trajectory synthesis (`spade_jax/trajectories/`) from the tool-use environments in
+    # memory, every `every` iterations (0: never), the newest `max_envs` of them; files in
+    # <workdir>/trajectories/<step>/. The policy writes the queries and plays the calibrating agent.
+    c.trajectories = section(SynthConfig, exclude=("seed",), every=0, max_envs=8)
+
     c.eval = section(EvalConfig, exclude=("admission",))
     c.eval.generation = ml_collections.ConfigDict(
         {prefix.replace("-", "_"): section(GenerationSettings, **dataclasses.asdict(entry.settings))
@@ -212,6 +218,10 @@ def calibration_config(c) -> CalibrationConfig:
     return from_section(CalibrationConfig, c.calibration)
 
 
+def synth_config(c) -> SynthConfig:
+    return from_section(SynthConfig, c.trajectories, seed=c.seed)
+
+
 def hint_config(c) -> HintConfig:
     return from_section(HintConfig, c.hints)
 
@@ -261,7 +271,7 @@ _STAGES = (
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
     ("agent", agent_config), ("agent.procedure_memory", procedure_config), ("hints", hint_config),
     ("corpus", corpus_config), ("memory", memory), ("calibration", calibration_config),
-    ("rl", optim_config), ("rl", loss_config), ("eval", eval_config), ("eval.generation", eval_generation),
+    ("rl", optim_config), ("rl", loss_config), ("trajectories", synth_config), ("eval", eval_config), ("eval.generation", eval_generation),
 )
 
 
@@ -316,6 +326,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("agent.context_budget", f"must exceed agent.max_new_tokens ({c.agent.max_new_tokens})")
     if c.rl.row_length < c.agent.context_budget:
         _fail("rl.row_length", f"must be >= agent.context_budget ({c.agent.context_budget}) so episodes fit a row")
+    if c.trajectories.every < 0 or c.trajectories.max_envs < 1:
+        _fail("trajectories", f"every must be >= 0 (0: never) and max_envs >= 1, got {c.trajectories.every}, "
+                              f"{c.trajectories.max_envs}")
     if c.rl.updates_per_iteration < 1:
         _fail("rl.updates_per_iteration", f"must be >= 1, got {c.rl.updates_per_iteration}")
     if c.checkpoint.every < 1 or c.checkpoint.keep < 1:

@@ -41,6 +41,7 @@ from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.evals import runner as eval_runner
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
+from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox import SandboxPool
 from spade_jax.sandbox.admission import STAGES
 from spade_jax.seeds import derive_seed
@@ -53,8 +54,12 @@ from spade_jax.selfplay.gallery import write_gallery
 from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry, MetricsWriter
 from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
+from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
+from spade_jax.trajectories.graph import NotToolUse, read_tool_schemas
+from spade_jax.trajectories.synth import summary_table, synthesize
 
-_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6, "calibration": 7}
+_PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6, "calibration": 7,
+           "trajectories": 8}
 
 
 class Preempted(Exception):
@@ -264,6 +269,10 @@ class SelfPlay:
             self.state.pool = []
         metrics["memory/size"] = len(self.memory)
         metrics["memory/retired"] = sum(r.retired for r in self.memory.records())
+        if cfg.trajectories.every and (it + 1) % cfg.trajectories.every == 0:
+            start = time.perf_counter()
+            metrics.update(self._synthesize_trajectories(it))
+            times["trajectories_s"] = time.perf_counter() - start
         if self.eval_cfg.every and self.eval_cfg.specs and (it + 1) % self.eval_cfg.every == 0:
             start = time.perf_counter()
             metrics.update(self._evaluate(it + 1))
@@ -479,6 +488,47 @@ class SelfPlay:
             metrics["designer/reward_scale"] = designer.scale
             metrics["designer/nonzero_advantage"] = sum(abs(s.advantage) > 1e-12 for s in designer.sequences)
         return stats, agent_sequences, designer
+
+    def _synthesize_trajectories(self, it: int) -> dict[str, float]:
+        """Tool-use trajectories (`spade_jax.trajectories`) from the newest `trajectories.max_envs`
+        tool-use environments of memory, written by the policy after `it + 1` updates: SFT chat
+        records, RL tasks and the per-environment table in `trajectories/<it + 1>/`."""
+        cfg = config_lib.synth_config(self.config)
+        seed = derive_seed(self.config.seed, it, _PHASES["trajectories"])
+        cfg = dataclasses.replace(cfg, seed=seed)
+        programs = []
+        for record in sorted(self.memory.records(), key=lambda r: r.iteration_added, reverse=True):
+            try:
+                read_tool_schemas(record.code)
+            except NotToolUse:
+                continue
+            programs.append((record.env_id, record.code))
+            if len(programs) == self.config.trajectories.max_envs:
+                break
+        agent = dataclasses.replace(self.agent_cfg, temperature=0.0,
+                                    max_turns=max(self.agent_cfg.max_turns, cfg.chain.max_calls + 2))
+
+        def complete(chats):
+            return [c.text for c in complete_chats(self.policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+                                                   temperature=cfg.query.temperature, seed=seed)]
+
+        def play(requests):
+            return play_episodes(self.policy, self.pool, requests, agent, seed=seed)
+
+        examples, reports = synthesize(self.pool, programs, complete, play, cfg,
+                                       progress=self.config.log.progress and self.main)
+        if self.main:
+            out_dir = os.path.join(self.workdir, "trajectories", str(it + 1))
+            os.makedirs(out_dir, exist_ok=True)
+            write_jsonl(os.path.join(out_dir, "sft.jsonl"), (sft_record(e) for e in examples))
+            write_jsonl(os.path.join(out_dir, "rl.jsonl"), (rl_task(e) for e in examples))
+            with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
+                f.write(summary_table(reports) + "\n")
+        chains = sum(r.chains for r in reports)
+        return {"trajectories/envs": len(programs), "trajectories/chains": chains,
+                "trajectories/kept": len(examples),
+                "trajectories/acceptance": len(examples) / chains if chains else math.nan,
+                "trajectories/by_agent": sum(r.by_agent for r in reports)}
 
     def _evaluate(self, step: int) -> dict[str, float]:
         """The held-out suites on the policy after `step` updates; files in `evals/<step>/`."""
