@@ -93,6 +93,43 @@ def runlocal_config(tmp_path_factory, tiny_bootstrap_cache):
 
 
 @pytest.fixture
+def random_selfplay(small_tokenizer):
+    """``random_selfplay(workdir, configure=None)``: a `SelfPlay` on a one-layer random policy with
+    the designer and corpus off, one replayed memory environment per iteration and one-turn
+    plays; ``configure(config)`` edits the config before the run is built."""
+    import jax
+
+    from spade_jax.models import ModelConfig, make_mesh, random_policy
+    from spade_jax.selfplay import loop
+    from spade_jax.selfplay.config import base_config
+
+    def build(workdir, configure=None):
+        c = base_config()
+        c.model.source = "random"
+        c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                            head_dim=16)
+        c.mesh.shape = (1, 1, 1)
+        c.designer.enabled = False
+        c.corpus.enabled = False
+        c.agent.replay_envs = 1
+        c.agent.episodes_per_env = 2
+        c.agent.max_turns = 1
+        c.agent.max_new_tokens = 8
+        c.agent.context_budget = 1024
+        c.rl.row_length = 1024
+        c.sandbox.num_workers = 1
+        c.log.progress = False
+        if configure:
+            configure(c)
+        arch = ModelConfig(vocab_size=small_tokenizer.vocab_size,
+                           **{k: v for k, v in c.model.arch.items() if k != "vocab_size"})
+        policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+        return loop.SelfPlay(c, str(workdir), policy=policy)
+
+    return build
+
+
+@pytest.fixture
 def canned_sampler():
     """``canned_sampler(ids, calls=None)``: a stand-in for `spade_jax.sampling.generate` that
     answers every prompt with the token ids ``ids`` (for `play_episodes(sample=...)` or patched

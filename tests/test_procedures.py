@@ -3,7 +3,6 @@
 import json
 import types
 
-import jax
 import pytest
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
@@ -246,38 +245,16 @@ def test_environment_suites_play_with_guidance_and_benchmarks_without(pool, smal
     assert "guided" not in plain.summary and [r.guidance for r in played[1]] == [None, None]
 
 
-def _selfplay(tmp_path, small_tokenizer):
-    from spade_jax.models import ModelConfig, make_mesh, random_policy
-    from spade_jax.selfplay import loop
-    from spade_jax.selfplay.config import base_config
-
-    c = base_config()
-    c.model.source = "random"
-    c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
-    c.mesh.shape = (1, 1, 1)
-    c.designer.enabled = False
-    c.corpus.enabled = False
-    c.agent.replay_envs = 1
-    c.agent.episodes_per_env = 2
-    c.agent.max_turns = 1
-    c.agent.max_new_tokens = 8
-    c.agent.context_budget = 1024
+def _procedures_on(c):
     c.hints.mode = "solution"
-    c.rl.row_length = 1024
     c.agent.procedure_memory.enabled = True
-    c.sandbox.num_workers = 1
-    c.log.progress = False
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items()
-                                                                  if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    return loop.SelfPlay(c, str(tmp_path), policy=policy)
 
 
-def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(tmp_path, small_tokenizer):
+def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(tmp_path, random_selfplay):
     from spade_jax.selfplay.gallery import _procedures
     from spade_jax.selfplay.state import PoolEnv
 
-    run = _selfplay(tmp_path, small_tokenizer)
+    run = random_selfplay(tmp_path, _procedures_on)
     try:
         env = PoolEnv("seed-shopping", library.load_source("shopping"), "mathematical reasoning", None, 0)
         assert run._guidance(env) is None
@@ -317,15 +294,14 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
         run.close()
 
 
-
 def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_path, small_tokenizer, canned_sampler,
-                                                                           monkeypatch):
+                                                                           random_selfplay, monkeypatch):
     from spade_jax.envs.library import SKILLS
     from spade_jax.selfplay import loop
 
     sample = canned_sampler(small_tokenizer.encode("<answer>1</answer>"))
     monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=sample, **k))
-    run = _selfplay(tmp_path, small_tokenizer)
+    run = random_selfplay(tmp_path, _procedures_on)
     try:
         for skill in SKILLS:
             run.procedures.update(skill, [Step("answer", "win")], True)
@@ -338,7 +314,7 @@ def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_
     assert metrics["procedures/keys"] == len(SKILLS) and metrics["procedures/transitions"] == 2 * len(SKILLS)
     ((success, count),) = [v for s, d, *v in state[env.skill]["edges"] if (s, d) == ("START", "answer")]
     assert count == 3 and success == 1 + 2 * metrics["agent/plain_win_rate"]  # the two plain plays, not the hinted
-    resumed = _selfplay(tmp_path, small_tokenizer)
+    resumed = random_selfplay(tmp_path, _procedures_on)
     try:
         assert resumed.restore() and resumed.procedures.to_state() == state
     finally:

@@ -246,31 +246,17 @@ def test_an_exported_record_round_trips_through_a_tool_chat_template(pool):
     assert text.count("<tool_call>") == len(chain.calls) and f"<answer>{chain.results[-1]}</answer>" in text
 
 
-def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, small_tokenizer, monkeypatch):
-    import jax
-
-    from spade_jax.models import ModelConfig, make_mesh, random_policy
+def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, random_selfplay, monkeypatch):
     from spade_jax.selfplay import loop
-    from spade_jax.selfplay.config import base_config
 
-    c = base_config()
-    c.model.source = "random"
-    c.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
-    c.mesh.shape = (1, 1, 1)
-    c.designer.enabled = False
-    c.corpus.enabled = False
-    c.agent.replay_envs = 1
-    c.sandbox.num_workers = 1
-    c.log.progress = False
-    c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
-    c.trajectories.chain.max_calls = 3
-    arch = ModelConfig(vocab_size=small_tokenizer.vocab_size, **{k: v for k, v in c.model.arch.items()
-                                                                  if k != "vocab_size"})
-    policy = random_policy(arch, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    def configure(c):
+        c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
+        c.trajectories.chain.max_calls = 3
+
     monkeypatch.setattr(loop, "complete_chats",
                         lambda policy, chats, **unused: [types.SimpleNamespace(text=t) for t in _canned_queries(chats)])
     monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
-    run = loop.SelfPlay(c, str(tmp_path), policy=policy)
+    run = random_selfplay(tmp_path, configure)
     try:
         metrics = run._synthesize_trajectories(4)
     finally:
