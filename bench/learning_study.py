@@ -29,6 +29,7 @@ and plots their curves per iteration.
 
     python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, 6 arms
     python bench/learning_study.py --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
+    for arm in spade calibration; do python bench/learning_study.py --study_dir /tmp/study --arms $arm --no_report & done
     python bench/learning_study.py --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
         --seeds 0 --arms spade,frozen --override=--config.eval.every=1     # a minutes-long check of the tool
 """
@@ -263,6 +264,8 @@ def main() -> None:
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     parser.add_argument("--report", type=Path, default=REPO / "bench" / "learning_study.md")
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument("--no_report", action="store_true",
+                        help="run only, write no report (for arms run in parallel; then --report_only)")
     args = parser.parse_args()
     args.arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in args.arms if a not in ARMS]
@@ -270,8 +273,12 @@ def main() -> None:
         parser.error(f"unknown arms {unknown}; choose from {list(ARMS)}")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.study_dir = args.study_dir.resolve()
+    if args.report_only and args.no_report:
+        parser.error("--report_only and --no_report exclude each other")
     if not args.report_only:
         run_study(args, _preset(args.preset))
+    if args.no_report:
+        return
     text = report(args)
     args.report.write_text(text + "\n")
     print(text)

@@ -48,3 +48,15 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     assert "| 0 | 0.500 | 0.300 | 0.050 | 0.500 | 0.250 |" in text
     assert "| 1 | 0.250 | 0.100 | 0.100 | 0.125 | 0.250 |" in text
     assert (tmp_path / "study" / "env_regret_mean.png").exists()
+
+
+def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch):
+    study = _study_module()
+    ran = []
+    monkeypatch.setattr(study, "run_study", lambda args, preset: ran.append(args.arms))
+    monkeypatch.setattr(study, "_preset", lambda spec: None)
+    report = tmp_path / "study.md"
+    monkeypatch.setattr("sys.argv", ["learning_study.py", "--study_dir", str(tmp_path), "--arms", "spade",
+                                     "--report", str(report), "--no_report"])
+    study.main()
+    assert ran == [["spade"]] and not report.exists()
