@@ -50,6 +50,7 @@ from typing import Iterable, Sequence
 from spade_jax.agent.actions import parse_action
 from spade_jax.envs.contract import extract_boxed
 from spade_jax.envs.library import SKILLS
+from spade_jax.envs.tool_use import TOOL_CALL
 
 START, END = "START", "END"
 KEYS = ("skill", "family")
@@ -63,7 +64,6 @@ _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
 _EXPRESSION = re.compile(r"[\d\s.+\-*/^()=x]+")
 _LIST_SPLIT = re.compile(r"[,;\s]+")
 _TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _SKILL_LINE = re.compile(r"^Skill:\s*([^.\n]+)", re.MULTILINE)
 
 
@@ -137,7 +137,7 @@ def action_kind(response: str) -> str:
     action = parse_action(response)
     if action.startswith("<answer>"):
         return "answer"
-    call = _CALL.fullmatch(action)
+    call = TOOL_CALL.fullmatch(action)
     if call:
         try:
             name = json.loads(call.group(1)).get("name")

@@ -37,12 +37,17 @@ import re
 
 from spade_jax.envs.contract import SUCCESS_REWARD
 
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # a tool-call block in an action
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FORMAT = (
     'Call a tool with <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call> '
     "(one call per turn). When you know the answer, reply <answer>your answer</answer>."
 )
+
+
+def tool_call_action(name: str, arguments: dict) -> str:
+    """The action that calls tool ``name`` with ``arguments``, in the format `ToolUseEnv` reads."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
 def normalize_answer(text: str) -> str:
@@ -92,7 +97,7 @@ class ToolUseEnv:
         self.turn += 1
         reward, terminated, info = 0.0, False, {}
         answer = _ANSWER.search(action or "")
-        call = _TOOL_CALL.search(action or "")
+        call = TOOL_CALL.search(action or "")
         if answer and (not call or answer.start() < call.start()):
             correct = bool(self.check_answer(answer.group(1)))
             reward = SUCCESS_REWARD if correct else 0.0

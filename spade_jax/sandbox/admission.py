@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import random
 import string
 import time
 from collections.abc import Sequence
 
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD, is_success
+from spade_jax.envs.tool_use import tool_call_action
 from spade_jax.sandbox.policy import PolicyError, check_program, difficulty_levels, extract_code
 from spade_jax.sandbox.pool import SandboxPool
 from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult, StepResult
@@ -231,7 +231,7 @@ def _tool_action(rng: random.Random, tools: list[str]) -> str:
         if rng.random() < 0.1:
             name = rng.choice(_WORDS)  # a tool the env does not declare
         arguments = {rng.choice(_KEYS): _argument(rng) for _ in range(rng.randint(0, 3))}
-        return "<tool_call>%s</tool_call>" % json.dumps({"name": name, "arguments": arguments})
+        return tool_call_action(name, arguments)
     if roll < 0.7:
         malformed = rng.choice(_MALFORMED_CALLS)
         return malformed % name if "%s" in malformed else malformed

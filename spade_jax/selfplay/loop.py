@@ -86,6 +86,7 @@ class SelfPlay:
         self.eval_cfg = config_lib.eval_config(config)
         self.eval_generation = config_lib.eval_generation(config)
         self.calibration_cfg = config_lib.calibration_config(config)
+        self.synth_cfg = config_lib.synth_config(config)
         self.procedure_cfg = config_lib.procedure_config(config)
         self.procedures = ProcedureMemory(self.procedure_cfg) if self.procedure_cfg.enabled else None
         self.evaluator: eval_runner.Evaluator | None = None  # built at the first evaluation
@@ -386,8 +387,9 @@ class SelfPlay:
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
             env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
+            guidance = self._guidance(env)
             requests += [
-                dataclasses.replace(r, env_kwargs=env_kwargs, guidance=self._guidance(env))
+                dataclasses.replace(r, env_kwargs=env_kwargs, guidance=guidance)
                 for r in matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint,
                                           self.hint_cfg.placebo_of)
             ]
@@ -493,9 +495,8 @@ class SelfPlay:
         """Tool-use trajectories (`spade_jax.trajectories`) from the newest `trajectories.max_envs`
         tool-use environments of memory, written by the policy after `it + 1` updates: SFT chat
         records, RL tasks and the per-environment table in `trajectories/<it + 1>/`."""
-        cfg = config_lib.synth_config(self.config)
         seed = derive_seed(self.config.seed, it, _PHASES["trajectories"])
-        cfg = dataclasses.replace(cfg, seed=seed)
+        cfg = dataclasses.replace(self.synth_cfg, seed=seed)
         programs = []
         for record in sorted(self.memory.records(), key=lambda r: r.iteration_added, reverse=True):
             try:

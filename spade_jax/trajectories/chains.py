@@ -27,7 +27,8 @@ import numpy as np
 
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.envs.tool_use import normalize_answer
-from spade_jax.trajectories.graph import ToolGraph, ToolProbe, assignments, text_values, tool_action, typed_values
+from spade_jax.envs.tool_use import tool_call_action
+from spade_jax.trajectories.graph import ToolGraph, ToolProbe, assignments, text_values, typed_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Call:
     fed: bool = False
 
     def action(self) -> str:
-        return tool_action(self.tool, self.arguments)
+        return tool_call_action(self.tool, self.arguments)
 
     def to_dict(self) -> dict:
         return {"name": self.tool, "arguments": self.arguments, "fed": self.fed}
@@ -175,10 +176,10 @@ def _walk(probe: ToolProbe, graph: ToolGraph, episode_id: int, env_seed: int, ta
         if fed_argument is not None:
             pools[fed_argument] = typed_values(text_values(previous_output), dict(tool.params)[fed_argument])
         include = (fed_argument,) if fed_argument else ()
-        made = {(c.tool, tool_action(c.tool, c.arguments)) for c in calls}
+        made = {(c.tool, tool_call_action(c.tool, c.arguments)) for c in calls}
         result = None
         for arguments in assignments(tool, pools, rng, cfg.max_tries, include=include):
-            if (tool_name, tool_action(tool_name, arguments)) in made:
+            if (tool_name, tool_call_action(tool_name, arguments)) in made:
                 continue
             result = probe.call(episode_id, env_seed, tool_name, arguments)
             if result is not None:

@@ -29,7 +29,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from spade_jax.envs.tool_use import render_tool_list
+from spade_jax.envs.tool_use import render_tool_list, tool_call_action
 from spade_jax.sandbox import EpisodeSpec
 
 SENTINELS = {"string": "zzqx-none", "integer": -987654321, "number": -987654.5}
@@ -247,11 +247,6 @@ def assignments(tool: Tool, pools: dict[str, list[tuple[int, object]]], rng: ran
     return [dict(zip(names, combo)) for combo, _ in keyed[:limit]]
 
 
-def tool_action(name: str, arguments: dict) -> str:
-    """The action text that calls ``name`` with ``arguments`` in a ToolUseEnv."""
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
-
-
 def is_failure(result, rejection: str | None = None) -> bool:
     """Whether a sandbox step result is an error rather than a tool result (module docstring)."""
     if not result.ok or result.done or (result.info or {}).get("error"):
@@ -282,7 +277,7 @@ class ToolProbe:
         self.pool.close([episode_id])
 
     def raw_call(self, episode_id: int, name: str, arguments: dict):
-        (result,) = self.pool.step([episode_id], [tool_action(name, arguments)])
+        (result,) = self.pool.step([episode_id], [tool_call_action(name, arguments)])
         return result
 
     def rejection(self, episode_id: int, seed: int, name: str) -> str | None:

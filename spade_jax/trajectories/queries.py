@@ -31,14 +31,13 @@ import re
 from collections.abc import Callable, Sequence
 
 from spade_jax.agent.rollout import EpisodeRequest
-from spade_jax.envs.tool_use import render_tool_list
+from spade_jax.envs.tool_use import TOOL_CALL, render_tool_list
 from spade_jax.sandbox.text import clean_text
 from spade_jax.trajectories.chains import Chain, reaches_end_state, replay
 from spade_jax.trajectories.graph import ToolProbe
 
 WRITER_SYSTEM_PROMPT = "You write realistic requests that users send to an assistant."
 _CALL_SYNTAX = ("<tool_call>", "</tool_call>", '"name":', '"arguments":')
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +131,7 @@ def transcript_results(messages: Sequence[dict]) -> list[str]:
     for i, message in enumerate(messages):
         if message.get("role") == "tool":
             results.append(str(message.get("content", "")))
-        elif (message.get("role") == "assistant" and _TOOL_CALL.search(str(message.get("content") or ""))
+        elif (message.get("role") == "assistant" and TOOL_CALL.search(str(message.get("content") or ""))
               and i + 1 < len(messages) and messages[i + 1].get("role") == "user"):
             results.append(str(messages[i + 1].get("content", "")))
     return results
