@@ -2,8 +2,12 @@
 
 The old admission stepped every program with the same few strings (its contract probes and
 its no-ops) and checked determinism by replaying exactly those. This game answers those
-strings deterministically; any other wrong guess flips an unseeded coin that wins half the
-time, so in training the win rate sits on the designer reward's plateau whatever the agent does.
+strings deterministically; any other wrong guess wins on an unseeded coin (one in ten) and
+otherwise hears an unseeded "higher" or "lower", so in training the outcome is noise whatever
+the agent does. The feedback is noisy as well as the reward so that a replay tells it apart
+on every step: with reward noise alone a replay of a play won on step one matches half the
+time, and all six replays of the determinism stage (two plays, each replayed plain and
+with two pauses) matched in 0.44% of runs (simulated; once in CI).
 """
 
 import random
@@ -27,9 +31,11 @@ class ProbeAwareNoiseEnv:
         guess = extract_boxed(action)
         if guess == str(self.secret):
             return "Correct!", SUCCESS_REWARD, True, False, {}
-        if action not in OLD_PROBES and random.random() < 0.5:
-            return "Close enough, you win!", SUCCESS_REWARD, True, False, {}
-        if guess is None or not guess.isdigit():
+        if action not in OLD_PROBES:
+            if random.random() < 0.1:
+                return "Close enough, you win!", SUCCESS_REWARD, True, False, {}
+            observation = random.choice(("Higher.", "Lower."))
+        elif guess is None or not guess.isdigit():
             observation = "Please guess a whole number as \\boxed{n}."
         else:
             observation = "Higher." if int(guess) < self.secret else "Lower."
