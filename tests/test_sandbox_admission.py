@@ -58,7 +58,9 @@ def test_each_stage_stops_with_its_reason(pool):
                                      '            observation, reward, terminated = "ok", 1.0, True\n'
                                      '        elif move not in ("1", "2", "3"):'),
                         "the no-op action 'pass' already wins"),
-        "feasibility": (GAME.replace("moves.append(min(3, left))", "moves.append(min(2, left) + 1)"),
+        # the solution's moves reach target - 1, then add 2: it overshoots on every seed
+        "feasibility": (GAME.replace("moves, left = [], self.target", "moves, left = [], self.target - 1")
+                        .replace("for m in moves)", "for m in moves + [2])"),
                         "replaying solution() for seed {seed}"),
     }
     reports = admit_batch([code for code, _ in cases.values()], AdmissionConfig(), pool=pool)
