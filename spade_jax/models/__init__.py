@@ -1,10 +1,14 @@
 """The policy network: the decoder both roles sample from and train, where its weights live, how it is loaded.
 
 - `config`: `ModelConfig`, the hyper-parameters of the supported decoder families
-  (Llama / SmolLM2, Qwen3 dense), read from a Hugging Face `config.json` or GGUF metadata.
+  (Llama / SmolLM2, Qwen3 dense, Qwen3-MoE), read from a Hugging Face `config.json` or GGUF metadata.
 - `transformer`: the Flax NNX decoder (`Transformer`) and its `KVCache`. One call
   serves training and scoring (no cache, layers under `lax.scan`) and sampling
   (prefill and decode over a cache).
+- `moe`: Qwen3-MoE's router and its dropless sort-based expert dispatch (grouped matmuls,
+  experts sharded over fsdp), and the router statistics the update reports.
+- `memory_plan`: per-device memory of a preset's update and sampler, counted from shapes
+  (`python -m spade_jax.models.memory_plan --config=...`), and the presets' published shapes.
 - `sharding`: logical axis names -> the `(data, fsdp, tensor)` device mesh
   (`TRAIN_RULES`, `make_mesh`), and `constrain` for activations inside jitted code.
 - `policy`: `Policy` (model, config, tokenizer, mesh, rules), random initialisation
@@ -33,10 +37,14 @@ torch.nn.Linear stores it, reads `q_NHD` (heads, head_dim, embed). The letters:
     E  heads and head_dim flattened (N * H), the input of the output projection
     I  input features of `linear`; O its output features
     R  rows: packed training rows in `rl/` (`tokens_RT`, in the role of B); in
-       `linear`, its input's leading axes flattened (`y_OR`)
+       `linear`, its input's leading axes flattened (`y_OR`); in `moe.py`, the rows of
+       the expert dispatch buffer (assignments sorted by expert)
     C  a chunk of positions (the chunked LM head in `rl/train.py`); a lowercase n
        prefix is the number of chunks (`hidden_nRCD`)
     L  layers (the leading axis of per-layer weights as they are drawn or stacked)
+    E  experts of a sparse (MoE) layer; `El` the ones a device holds
+    P  the experts each token picks (`num_experts_per_tok`) in `moe.py`
+    M  a call's tokens flattened (B * T), and A their assignments to experts (M * P), in `moe.py`
     1  an axis of size 1
 
 Local size variables use the same letters (`B, T = tokens_BT.shape`).

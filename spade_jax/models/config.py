@@ -8,14 +8,21 @@ from typing import Any
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer: Llama family (SmolLM2) or Qwen3 dense (q/k RMSNorm).
+    """A decoder-only transformer: Llama family (SmolLM2), Qwen3 dense (q/k RMSNorm) or
+    Qwen3-MoE (Qwen3 attention; a routed mixture of SwiGLU experts in the sparse layers).
 
-    Frozen and hashable so it can be a static argument of jitted functions.
+    Frozen and hashable so it can be a static argument of jitted functions. The MoE fields
+    mean what transformers' `Qwen3MoeConfig` means: layer i is sparse when `num_experts > 0`,
+    i is not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0`; dense layers use
+    `intermediate_size`, experts `moe_intermediate_size`. `moe_capacity_factor` 0 routes every
+    token to all its experts (dropless); c > 0 gives each shard of experts room for c times its
+    fair share of the assignments and drops the rest (see `models/moe.py`).
     """
 
     vocab_size: int
@@ -36,6 +43,13 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = False
     qk_norm: bool = False
+    num_experts: int = 0  # 0 = dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    moe_capacity_factor: float = 0.0  # 0 = dropless
     dtype: str = "float32"  # activations / compute
     param_dtype: str = "float32"
 
@@ -53,14 +67,44 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.rope_type not in ("default", "llama3"):
             raise ValueError(f"unsupported rope_type {self.rope_type!r}; supported: default, llama3")
+        if (self.family == "qwen3_moe") != (self.num_experts > 0):
+            raise ValueError(f"family {self.family!r} with num_experts={self.num_experts}: only qwen3_moe has experts")
+        if self.num_experts and not (1 <= self.num_experts_per_tok <= self.num_experts
+                                     and self.moe_intermediate_size > 0 and self.decoder_sparse_step >= 1):
+            raise ValueError(
+                f"MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
+                f"({self.num_experts}), moe_intermediate_size > 0 ({self.moe_intermediate_size}) and "
+                f"decoder_sparse_step >= 1 ({self.decoder_sparse_step})")
+        if self.moe_capacity_factor < 0:
+            raise ValueError(f"moe_capacity_factor must be >= 0 (0 = dropless), got {self.moe_capacity_factor}")
+        object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer` has routed experts (transformers' `Qwen3MoeDecoderLayer` rule)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def sparse_layers(self) -> tuple[bool, ...]:
+        return tuple(self.is_sparse(i) for i in range(self.num_layers))
 
     @property
     def num_params(self) -> int:
-        D, F, V, L = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_layers
+        return self._count_params(self.num_experts)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token passes through: `num_params` with only its routed experts."""
+        return self._count_params(self.num_experts_per_tok)
+
+    def _count_params(self, experts_counted: int) -> int:
+        D, F, V = self.hidden_size, self.intermediate_size, self.vocab_size
         N, K, H = self.num_heads, self.num_kv_heads, self.head_dim
-        per_layer = D * (N + 2 * K) * H + N * H * D + 3 * D * F + 2 * D
-        per_layer += 2 * H if self.qk_norm else 0
-        return V * D * (1 if self.tie_word_embeddings else 2) + L * per_layer + D
+        attention = D * (N + 2 * K) * H + N * H * D + 2 * D + (2 * H if self.qk_norm else 0)
+        sparse = sum(self.sparse_layers)
+        dense_mlp = (self.num_layers - sparse) * 3 * D * F
+        expert_mlp = sparse * (self.num_experts * D + experts_counted * 3 * D * self.moe_intermediate_size)
+        return V * D * (1 if self.tie_word_embeddings else 2) + self.num_layers * attention + dense_mlp + expert_mlp + D
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -75,7 +119,7 @@ class ModelConfig:
             if family:
                 break
         if family is None:
-            family = {"llama": "llama", "qwen3": "qwen3"}.get(hf.get("model_type", ""))
+            family = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}.get(hf.get("model_type", ""))
         if family is None:
             found = archs or [hf.get("model_type", "<none>")]
             raise ValueError(
@@ -106,8 +150,18 @@ class ModelConfig:
             ),
             max_position_embeddings=hf.get("max_position_embeddings", 8192),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
         )
+        if family == "qwen3_moe":
+            fields.update(
+                # transformers 5 writes num_local_experts; the published configs say num_experts
+                num_experts=hf.get("num_experts") or hf["num_local_experts"],
+                num_experts_per_tok=hf["num_experts_per_tok"],
+                moe_intermediate_size=hf["moe_intermediate_size"],
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+                mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            )
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ValueError("checkpoints with attention or MLP biases are not supported")
         if hf.get("hidden_act", "silu") != "silu":

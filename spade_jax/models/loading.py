@@ -30,7 +30,8 @@ from spade_jax.models.policy import Policy, abstract_model
 from spade_jax.models.sharding import TRAIN_RULES, Rules, make_mesh, param_shardings
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float64")  # float64: exact-arithmetic checks, needs jax_enable_x64
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen3", "qwen3moe")
+_GGUF_FAMILIES = {"qwen3moe": "qwen3_moe"}  # GGUF architecture -> ModelConfig.family where they differ
 _PROGRESS_MIN_BYTES = 100_000_000  # report loading progress from this many parameter bytes
 
 
@@ -47,21 +48,31 @@ class _Target:
     stored_shape: tuple[int, ...]  # Hugging Face layout
     convert: Callable[[np.ndarray], np.ndarray]  # stored layout -> model layout
     per_layer: bool
+    layers: tuple[int, ...] | None = None  # the layers that have it (None: all, when per_layer)
+
+    def layer_indices(self, num_layers: int) -> list[int | None]:
+        if not self.per_layer:
+            return [None]
+        return list(range(num_layers) if self.layers is None else self.layers)
 
     def paths(self, num_layers: int) -> list[tuple[tuple, int | None]]:
         """(state key path, layer index) of every parameter this target fills."""
-        if not self.per_layer:
-            return [(self.path, None)]
-        return [(("layers", i) + self.path, i) for i in range(num_layers)]
+        return [(self.path if i is None else ("layers", i) + self.path, i) for i in self.layer_indices(num_layers)]
 
 
 def _targets(cfg: ModelConfig) -> list[_Target]:
     """Every parameter of `Transformer(cfg)` and how to build it from a checkpoint."""
     D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    E, Fe = cfg.num_experts, cfg.moe_intermediate_size
+    dense = tuple(i for i, sparse in enumerate(cfg.sparse_layers) if not sparse)
+    sparse = tuple(i for i, sparse in enumerate(cfg.sparse_layers) if sparse)
 
     def same(w):
         return w
+
+    def in_out(w):  # experts: stored (experts, out, in), kept (experts, in, out)
+        return w.swapaxes(1, 2)
 
     targets = [
         _Target(("embed_VD",), "embed", (V, D), same, False),
@@ -72,10 +83,17 @@ def _targets(cfg: ModelConfig) -> list[_Target]:
         _Target(("attn", "k_KHD"), "k", (K * H, D), lambda w: w.reshape(K, H, D), True),
         _Target(("attn", "v_KHD"), "v", (K * H, D), lambda w: w.reshape(K, H, D), True),
         _Target(("attn", "o_DNH"), "o", (D, N * H), lambda w: w.reshape(D, N, H), True),
-        _Target(("mlp", "gate_FD"), "gate", (F, D), same, True),
-        _Target(("mlp", "up_FD"), "up", (F, D), same, True),
-        _Target(("mlp", "down_DF"), "down", (D, F), same, True),
+        _Target(("mlp", "gate_FD"), "gate", (F, D), same, True, dense),
+        _Target(("mlp", "up_FD"), "up", (F, D), same, True, dense),
+        _Target(("mlp", "down_DF"), "down", (D, F), same, True, dense),
     ]
+    if sparse:
+        targets += [
+            _Target(("mlp", "router_ED"), "router", (E, D), same, True, sparse),
+            _Target(("mlp", "gate_EDF"), "expert_gate", (E, Fe, D), in_out, True, sparse),
+            _Target(("mlp", "up_EDF"), "expert_up", (E, Fe, D), in_out, True, sparse),
+            _Target(("mlp", "down_EFD"), "expert_down", (E, D, Fe), in_out, True, sparse),
+        ]
     if cfg.qk_norm:
         targets += [
             _Target(("attn", "q_norm_H"), "q_norm", (H,), same, True),
@@ -101,6 +119,11 @@ _HF_NAMES = {
     "gate": "model.layers.{i}.mlp.gate_proj.weight",
     "up": "model.layers.{i}.mlp.up_proj.weight",
     "down": "model.layers.{i}.mlp.down_proj.weight",
+    "router": "model.layers.{i}.mlp.gate.weight",
+    # one tensor per expert j, stacked when read
+    "expert_gate": "model.layers.{i}.mlp.experts.{j}.gate_proj.weight",
+    "expert_up": "model.layers.{i}.mlp.experts.{j}.up_proj.weight",
+    "expert_down": "model.layers.{i}.mlp.experts.{j}.down_proj.weight",
 }
 
 _GGUF_NAMES = {
@@ -118,6 +141,11 @@ _GGUF_NAMES = {
     "gate": "blk.{i}.ffn_gate.weight",
     "up": "blk.{i}.ffn_up.weight",
     "down": "blk.{i}.ffn_down.weight",
+    "router": "blk.{i}.ffn_gate_inp.weight",
+    # every expert in one tensor
+    "expert_gate": "blk.{i}.ffn_gate_exps.weight",
+    "expert_up": "blk.{i}.ffn_up_exps.weight",
+    "expert_down": "blk.{i}.ffn_down_exps.weight",
 }
 
 
@@ -127,9 +155,21 @@ class _Checkpoint:
     names: dict[str, str]  # role -> name template
     shapes: dict[str, tuple[int, ...]]
     ignored: frozenset[str] = frozenset()  # present but deliberately unused
+    experts_split = False  # expert weights stored one tensor per expert ("{j}" in the name)
 
     def read(self, name: str) -> np.ndarray:
         raise NotImplementedError
+
+    def tensors(self, role: str, layer: int | None, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """The stored tensors (name -> shape) a parameter of `shape` (stored layout) is read from."""
+        template = self.names[role]
+        if self.experts_split and "{j}" in template:
+            return {template.format(i=layer, j=j): shape[1:] for j in range(shape[0])}
+        return {template.format(i=layer): shape}
+
+    def load(self, role: str, layer: int | None, shape: tuple[int, ...]) -> np.ndarray:
+        arrays = [self.read(name) for name in self.tensors(role, layer, shape)]
+        return np.stack(arrays) if len(arrays) > 1 or arrays[0].shape != shape else arrays[0]
 
 
 # ---------------------------------------------------------------- safetensors
@@ -151,6 +191,7 @@ class _SafetensorsCheckpoint(_Checkpoint):
     """
 
     names = _HF_NAMES
+    experts_split = True
 
     def __init__(self, files: list[Path]):
         self.shapes = {}
@@ -286,9 +327,17 @@ def _open_gguf(path: Path, dtype: str):
         raise CheckpointError(f"checkpoint {path} is missing tensor token_embd.weight")
     heads, hidden = need("attention.head_count"), need("embedding_length")
     ffn, layers, eps = need("feed_forward_length"), need("block_count"), need("attention.layer_norm_rms_epsilon")
+    experts = {}
+    if arch == "qwen3moe":  # every layer sparse; llama.cpp always renormalises the top-k weights
+        experts = dict(
+            num_experts=int(need("expert_count")),
+            num_experts_per_tok=int(need("expert_used_count")),
+            moe_intermediate_size=int(need("expert_feed_forward_length")),
+            norm_topk_prob=bool(_gguf_field(reader, f"{arch}.expert_weights_norm", True)),
+        )
     try:
         config = ModelConfig(
-            family=arch,
+            family=_GGUF_FAMILIES.get(arch, arch),
             vocab_size=shapes["token_embd.weight"][0],
             hidden_size=int(hidden),
             intermediate_size=int(ffn),
@@ -300,9 +349,10 @@ def _open_gguf(path: Path, dtype: str):
             rope_theta=float(_gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             max_position_embeddings=int(_gguf_field(reader, f"{arch}.context_length", 8192)),
             tie_word_embeddings="output.weight" not in shapes,
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3moe"),
             dtype=dtype,
             param_dtype=dtype,
+            **experts,
         )
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: unusable GGUF metadata: {e}") from None
@@ -316,9 +366,8 @@ def _check(checkpoint: _Checkpoint, targets: list[_Target], config: ModelConfig,
     """All problems at once: missing tensors, wrong shapes, unexpected tensors."""
     expected: dict[str, tuple[int, ...]] = {}
     for t in targets:
-        template = checkpoint.names[t.role]
-        for i in range(config.num_layers) if t.per_layer else [None]:
-            expected[template.format(i=i)] = t.stored_shape
+        for i in t.layer_indices(config.num_layers):
+            expected.update(checkpoint.tensors(t.role, i, t.stored_shape))
     missing = [n for n in expected if n not in checkpoint.shapes]
     wrong = [
         f"{n} has shape {checkpoint.shapes[n]}, expected {s}"
@@ -343,7 +392,9 @@ def _check(checkpoint: _Checkpoint, targets: list[_Target], config: ModelConfig,
             f"checkpoint {where} does not match its {config.family} config "
             f"(layers={config.num_layers}, hidden={config.hidden_size}, heads={config.num_heads}, "
             f"kv_heads={config.num_kv_heads}, head_dim={config.head_dim}, "
-            f"tied={config.tie_word_embeddings}): " + "; ".join(problems)
+            f"tied={config.tie_word_embeddings}"
+            + (f", experts={config.num_experts}, sparse layers={sum(config.sparse_layers)}" if config.num_experts else "")
+            + "): " + "; ".join(problems)
         )
 
 
@@ -387,7 +438,7 @@ def _place(checkpoint, targets, config, mesh, rules, progress: bool) -> nnx.Modu
     """Reads, converts and places every checkpoint tensor the targets name."""
 
     def reader(target, layer):
-        return lambda: target.convert(checkpoint.read(checkpoint.names[target.role].format(i=layer)))
+        return lambda: target.convert(checkpoint.load(target.role, layer, target.stored_shape))
 
     sources = {"/".join(map(str, path)): reader(t, layer) for t in targets for path, layer in t.paths(config.num_layers)}
     return place_params(config, mesh, rules, sources, progress=progress)
@@ -406,6 +457,7 @@ def load_pretrained(
     rules: Rules = TRAIN_RULES,
     *,
     param_dtype: str | None = None,
+    moe_capacity_factor: float = 0.0,
     tokenizer: bool = True,
     progress: bool = True,
 ) -> Policy:
@@ -415,7 +467,8 @@ def load_pretrained(
     tokenizer files optional) or a `.gguf` file (dequantised). `dtype` ("float32",
     "bfloat16", or "float64" for exact-arithmetic checks under JAX_ENABLE_X64) is the
     compute dtype and, unless `param_dtype` says otherwise (float32 master weights with
-    bfloat16 compute, say), the parameter dtype. With `tokenizer=False`, or for a
+    bfloat16 compute, say), the parameter dtype. `moe_capacity_factor` is the MoE dispatch's
+    (0: dropless; see `models/moe.py`), which checkpoints do not carry. With `tokenizer=False`, or for a
     directory without tokenizer files, `policy.tokenizer` is None. Big checkpoints show
     their progress when `progress` is true.
     """
@@ -439,6 +492,8 @@ def load_pretrained(
         )
     if param_dtype:
         config = config.replace(param_dtype=param_dtype)
+    if moe_capacity_factor:
+        config = config.replace(moe_capacity_factor=moe_capacity_factor)
     mesh = mesh or make_mesh((1, 1, 1), jax.devices()[:1])
     targets = _targets(config)
     _check(checkpoint, targets, config, path)

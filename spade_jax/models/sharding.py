@@ -34,6 +34,7 @@ TRAIN_RULES: Rules = (
     ("mlp", ("tensor",)),
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
+    ("experts", ("fsdp",)),  # expert parallelism over fsdp: see models/moe.py
     ("head_dim", ()),
     ("length", ()),
     ("cache_length", ()),
@@ -103,6 +104,11 @@ def activation_sharding(mesh: Mesh, rules: Rules) -> Iterator[None]:
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def active_sharding() -> tuple[Mesh, Rules] | None:
+    """The `(mesh, rules)` of the enclosing `activation_sharding`, or None outside one."""
+    return _ACTIVE.get()
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Decoder-only transformer in Flax NNX: Llama family and Qwen3 dense.
+"""Decoder-only transformer in Flax NNX: Llama family, Qwen3 dense and Qwen3-MoE.
 
 Each layer keeps its own parameter arrays (`Transformer.layers`, one `Block` each),
 and so does the `KVCache`. The two paths use them differently:
@@ -6,6 +6,7 @@ and so does the `KVCache`. The two paths use them differently:
 - without a cache (training, scoring), the layers' weights are stacked inside the
   program and the blocks run under `jax.lax.scan`, so compile time does not grow
   with depth (the stack is one pass over the weights, small next to a training step);
+  a model that mixes dense and sparse (MoE) layers scans each run of same-kind layers;
 - with a cache (prefill, decode), the layers are unrolled over the separate arrays.
   Every matmul then reads its weights and every attention its cache where they lie:
   a layer picked out of stacked arrays by the scan's index is copied first on
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spade_jax.models.config import ModelConfig
+from spade_jax.models.moe import moe_forward
 from spade_jax.models.sharding import constrain
 
 _MASKED = -1e30
@@ -86,7 +88,7 @@ class KVCache(NamedTuple):
         return self.segment_ids_BS.shape[1]
 
 
-def _init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: str = "normal") -> jax.Array:
+def init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: str = "normal") -> jax.Array:
     if init == "ones":
         return jnp.ones(shape, dtype)
     fan_in = shape[-2] if len(shape) >= 2 and scale is None else 1
@@ -95,7 +97,7 @@ def _init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: 
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init: str = "normal"):
-    return nnx.Param(_init_value(rngs, shape, dtype, scale, init), logical_axes=axes)
+    return nnx.Param(init_value(rngs, shape, dtype, scale, init), logical_axes=axes)
 
 
 def at_least_float32(dtype) -> jnp.dtype:
@@ -234,6 +236,17 @@ def causal_self_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT):
     return jnp.concatenate(outs, axis=1)
 
 
+def _same_kind_runs(config: ModelConfig) -> list[list[int]]:
+    """The layers split into maximal runs of consecutive dense or sparse layers: one scan each."""
+    runs: list[list[int]] = []
+    for i, sparse in enumerate(config.sparse_layers):
+        if runs and config.sparse_layers[runs[-1][-1]] == sparse:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
 def _query_block(T: int) -> int:
     """128 queries per block (fastest on CPU at 1-2k tokens), at most 16 blocks (bounded program size)."""
     return max(128, -(-T // 16))
@@ -261,15 +274,15 @@ class MLP(nnx.Module):
         self.down_DF = nnx.Param(down_DF, logical_axes=("embed", "mlp"))
 
     @staticmethod
-    def draw(config: ModelConfig, rngs: nnx.Rngs) -> dict:
-        """Initial values of every layer, `(layers, ...)` each: drawn `(in, out)`, the layout
-        whose fan-in `_init_value` reads, then transposed to the stored `(out, in)`."""
-        L, D, F = config.num_layers, config.hidden_size, config.intermediate_size
+    def draw(config: ModelConfig, rngs: nnx.Rngs, num_layers: int) -> dict:
+        """Initial values of `num_layers` layers, `(layers, ...)` each: drawn `(in, out)`, the
+        layout whose fan-in `init_value` reads, then transposed to the stored `(out, in)`."""
+        L, D, F = num_layers, config.hidden_size, config.intermediate_size
         dt = jnp.dtype(config.param_dtype)
         return {
-            "gate_FD": _init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
-            "up_FD": _init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
-            "down_DF": _init_value(rngs, (L, F, D), dt).swapaxes(1, 2),
+            "gate_FD": init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
+            "up_FD": init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
+            "down_DF": init_value(rngs, (L, F, D), dt).swapaxes(1, 2),
         }
 
     def weights(self) -> dict:
@@ -282,6 +295,36 @@ class MLP(nnx.Module):
         up_BTF = linear(x_BTD, w["up"].astype(dt))
         hidden_BTF = constrain(jax.nn.silu(gate_BTF) * up_BTF, ("batch", "length", "mlp"))
         return linear(hidden_BTF, w["down"].astype(dt))
+
+
+class MoE(nnx.Module):
+    """Router and stacked expert weights of one sparse layer.
+
+    The router is stored `(out, in)` like every other weight; the experts are stored
+    `(experts, in, out)`, the operand layout of `jax.lax.ragged_dot`.
+    """
+
+    def __init__(self, router_ED, gate_EDF, up_EDF, down_EFD):
+        self.router_ED = nnx.Param(router_ED, logical_axes=(None, "embed"))
+        self.gate_EDF = nnx.Param(gate_EDF, logical_axes=("experts", "embed", "mlp"))
+        self.up_EDF = nnx.Param(up_EDF, logical_axes=("experts", "embed", "mlp"))
+        self.down_EFD = nnx.Param(down_EFD, logical_axes=("experts", "mlp", "embed"))
+
+    @staticmethod
+    def draw(config: ModelConfig, rngs: nnx.Rngs, num_layers: int) -> dict:
+        """Initial values of `num_layers` sparse layers, `(layers, ...)` each, fan-in scaled."""
+        L, E, D, F = num_layers, config.num_experts, config.hidden_size, config.moe_intermediate_size
+        dt = jnp.dtype(config.param_dtype)
+        return {
+            "router_ED": init_value(rngs, (L, D, E), dt).swapaxes(1, 2),
+            "gate_EDF": init_value(rngs, (L, E, D, F), dt),
+            "up_EDF": init_value(rngs, (L, E, D, F), dt),
+            "down_EFD": init_value(rngs, (L, E, F, D), dt),
+        }
+
+    def weights(self) -> dict:
+        return {"router": self.router_ED[...], "gate": self.gate_EDF[...], "up": self.up_EDF[...],
+                "down": self.down_EFD[...]}
 
 
 class Attention(nnx.Module):
@@ -303,10 +346,10 @@ class Attention(nnx.Module):
         N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
         dt = jnp.dtype(config.param_dtype)
         values = {
-            "q_NHD": _init_value(rngs, (L, D, N, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "k_KHD": _init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "v_KHD": _init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "o_DNH": _init_value(rngs, (L, N, H, D), dt, (N * H) ** -0.5).transpose(0, 3, 1, 2),
+            "q_NHD": init_value(rngs, (L, D, N, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "k_KHD": init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "v_KHD": init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "o_DNH": init_value(rngs, (L, N, H, D), dt, (N * H) ** -0.5).transpose(0, 3, 1, 2),
         }
         if config.qk_norm:
             values["q_norm_H"] = jnp.ones((L, H), dt)
@@ -322,9 +365,9 @@ class Attention(nnx.Module):
 
 
 class Block(nnx.Module):
-    """The weights of one decoder layer (pre-norm attention and pre-norm MLP); `apply_block` runs it."""
+    """The weights of one decoder layer (pre-norm attention and pre-norm MLP or MoE); `apply_block` runs it."""
 
-    def __init__(self, attn_norm_D, attn: Attention, mlp_norm_D, mlp: MLP):
+    def __init__(self, attn_norm_D, attn: Attention, mlp_norm_D, mlp: MLP | MoE):
         self.attn_norm_D = nnx.Param(attn_norm_D, logical_axes=("embed",))
         self.attn = attn
         self.mlp_norm_D = nnx.Param(mlp_norm_D, logical_axes=("embed",))
@@ -357,17 +400,24 @@ def attention_inputs(h_BTD, a: dict, config: ModelConfig, positions_BT, inv_freq
     return apply_rope(q_BTNH, positions_BT, inv_freq), apply_rope(k_BTKH, positions_BT, inv_freq), v_BTKH
 
 
-def block_output(x_BTD, out_BTNH, w: dict, config: ModelConfig):
-    """The rest of a layer after attention: output projection and pre-norm SwiGLU MLP, each added to the residual."""
+def block_output(x_BTD, out_BTNH, w: dict, config: ModelConfig, valid_BT=None):
+    """The rest of a layer after attention: output projection and the pre-norm SwiGLU MLP (or
+    routed experts), each added to the residual. Returns the new `x_BTD` and, for a sparse
+    layer, its `RouterStats` over the tokens `valid_BT` marks (else None)."""
     o_DE = w["attn"]["o"].reshape(w["attn"]["o"].shape[0], -1).astype(x_BTD.dtype)
     x_BTD = x_BTD + linear(out_BTNH.reshape(*out_BTNH.shape[:2], -1), o_DE)
     x_BTD = constrain(x_BTD, ("batch", "length", "embed"))
     h_BTD = rms_norm(x_BTD, w["mlp_norm"], config.rms_norm_eps)
-    return constrain(x_BTD + MLP.apply(w["mlp"], h_BTD), ("batch", "length", "embed"))
+    if "router" in w["mlp"]:
+        y_BTD, stats = moe_forward(w["mlp"], h_BTD, config, valid_BT)
+    else:
+        y_BTD, stats = MLP.apply(w["mlp"], h_BTD), None
+    return constrain(x_BTD + y_BTD, ("batch", "length", "embed")), stats
 
 
 def apply_block(
-    x_BTD, w: dict, kv, *, config: ModelConfig, positions_BT, inv_freq, mask_BTS, write_at, attend_cache
+    x_BTD, w: dict, kv, *, config: ModelConfig, positions_BT, inv_freq, mask_BTS, write_at, attend_cache,
+    valid_BT=None,
 ):
     """One decoder layer over `x_BTD`: pre-norm attention, then pre-norm SwiGLU MLP, each added to the residual.
 
@@ -376,7 +426,8 @@ def apply_block(
     (`write_at` a scalar, or one start per row).
     `attend_cache` says the queries attend over the whole (written) cache under `mask_BTS`
     `(B, T, cache length)`; otherwise they attend causally among themselves under `mask_BTS`
-    `(B, T, T)`. Returns the new `x_BTD` and the updated `kv`.
+    `(B, T, T)`. Returns the new `x_BTD`, the updated `kv` and the layer's `RouterStats` (None
+    for a dense layer) over the tokens `valid_BT` marks.
     """
     dt = jnp.dtype(config.dtype)
     h_BTD = rms_norm(x_BTD, w["attn_norm"], config.rms_norm_eps)
@@ -398,7 +449,8 @@ def apply_block(
         out_BTNH = attention(q_BTNH, kv[0].astype(dt), kv[1].astype(dt), mask_BTS)
     else:
         out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), mask_BTS)
-    return block_output(x_BTD, out_BTNH, w, config), kv
+    x_BTD, stats = block_output(x_BTD, out_BTNH, w, config, valid_BT)
+    return x_BTD, kv, stats
 
 
 class Transformer(nnx.Module):
@@ -410,19 +462,28 @@ class Transformer(nnx.Module):
         dt = jnp.dtype(config.param_dtype)
         self.embed_VD = _param(rngs, (V, D), ("vocab", "embed"), dt, scale=1.0)
         # Drawn as (layers, ...) tensors, one draw per weight kind, then split per layer.
-        attn, mlp = Attention.draw(config, rngs), MLP.draw(config, rngs)
+        sparse = config.sparse_layers
+        attn, mlp = Attention.draw(config, rngs), MLP.draw(config, rngs, L - sum(sparse))
+        experts = MoE.draw(config, rngs, sum(sparse)) if any(sparse) else {}
+        index = {"dense": 0, "sparse": 0}
+
+        def feed_forward(is_sparse: bool):
+            kind, values, module = ("sparse", experts, MoE) if is_sparse else ("dense", mlp, MLP)
+            j, index[kind] = index[kind], index[kind] + 1
+            return module(**{name: value[j] for name, value in values.items()})
+
         self.layers = nnx.List([
             Block(
                 jnp.ones((D,), dt),
                 Attention(**{name: value[i] for name, value in attn.items()}),
                 jnp.ones((D,), dt),
-                MLP(**{name: value[i] for name, value in mlp.items()}),
+                feed_forward(sparse[i]),
             )
             for i in range(L)
         ])
         self.final_norm_D = _param(rngs, (D,), ("embed",), dt, init="ones")
         if not config.tie_word_embeddings:
-            self.lm_head_VD = nnx.Param(_init_value(rngs, (D, V), dt).T, logical_axes=("vocab", "embed"))
+            self.lm_head_VD = nnx.Param(init_value(rngs, (D, V), dt).T, logical_axes=("vocab", "embed"))
 
     def __call__(
         self,
@@ -454,6 +515,19 @@ class Transformer(nnx.Module):
         nothing yet (a first prefill): the new tokens then attend causally among themselves,
         as without a cache, instead of over every slot, and are written to the cache.
         """
+        hidden_BTD, new_cache, _ = self._layers(
+            tokens_BT, positions_BT, segment_ids_BT, cache, remat=remat, cache_is_empty=cache_is_empty
+        )
+        return hidden_BTD, new_cache
+
+    def hidden_and_router_stats(self, tokens_BT, positions_BT, segment_ids_BT, *, remat: str = "none"):
+        """Final-normed hidden states `(B, T, D)` (as `hidden_and_cache` without a cache) and the
+        `RouterStats` of the sparse layers over the real tokens, each field with a leading
+        layer axis in layer order (None for a dense model): what the update reports."""
+        hidden_BTD, _, stats = self._layers(tokens_BT, positions_BT, segment_ids_BT, None, remat=remat)
+        return hidden_BTD, stats
+
+    def _layers(self, tokens_BT, positions_BT, segment_ids_BT, cache, *, remat: str, cache_is_empty: bool = False):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"unknown remat policy {remat!r}; choose one of {sorted(REMAT_POLICIES)}")
         cfg = self.config
@@ -485,22 +559,30 @@ class Transformer(nnx.Module):
 
         block = functools.partial(
             apply_block, config=cfg, positions_BT=positions_BT, inv_freq=inv_freq, mask_BTS=mask_BTS,
-            write_at=write_at, attend_cache=attend_cache,
+            write_at=write_at, attend_cache=attend_cache, valid_BT=segment_ids_BT != 0,
         )
         layer_weights = [layer.weights() for layer in self.layers]
+        stats = None
         if cache is None:
             def scanned(x_BTD, w):
-                return block(x_BTD, w, None)[0], None
+                x_BTD, _, layer_stats = block(x_BTD, w, None)
+                return x_BTD, layer_stats
 
             if REMAT_POLICIES[remat] is not None:
                 scanned = jax.checkpoint(scanned, policy=REMAT_POLICIES[remat], prevent_cse=False)
-            stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *layer_weights)
-            x_BTD, _ = jax.lax.scan(scanned, x_BTD, stacked)
+            run_stats = []
+            for run in _same_kind_runs(cfg):
+                stacked = jax.tree.map(lambda *ws: jnp.stack(ws), *(layer_weights[i] for i in run))
+                x_BTD, layer_stats = jax.lax.scan(scanned, x_BTD, stacked)
+                if layer_stats is not None:
+                    run_stats.append(layer_stats)
+            if run_stats:
+                stats = jax.tree.map(lambda *a: jnp.concatenate(a), *run_stats)
             new_cache = None
         else:
             keys, values = [], []
             for w, k_BKHS, v_BKSH in zip(layer_weights, cache.k_BKHS, cache.v_BKSH):
-                x_BTD, (k_BKHS, v_BKSH) = block(x_BTD, w, (k_BKHS, v_BKSH))
+                x_BTD, (k_BKHS, v_BKSH), _ = block(x_BTD, w, (k_BKHS, v_BKSH))
                 keys.append(k_BKHS)
                 values.append(v_BKSH)
             new_cache = KVCache(
@@ -508,7 +590,7 @@ class Transformer(nnx.Module):
                 constrain(cache_segments_BS, ("batch", "cache_length")),
                 write_at + T,
             )
-        return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_cache
+        return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_cache, stats
 
     def extend_rows(self, tokens_BT, starts_B, layers_kv):
         """Appends `tokens_BT` to per-row caches at slots `[starts_B[b], starts_B[b] + T)`.
@@ -533,7 +615,7 @@ class Transformer(nnx.Module):
         )
         new_kv = []
         for layer, kv in zip(self.layers, layers_kv):
-            x_BTD, kv = block(x_BTD, layer.weights(), kv)
+            x_BTD, kv, _ = block(x_BTD, layer.weights(), kv)
             new_kv.append(kv)
         return rms_norm(x_BTD, self.final_norm_D[...], cfg.rms_norm_eps), new_kv
 
@@ -572,7 +654,7 @@ class Transformer(nnx.Module):
                 )
             else:
                 out_ATNH = causal_self_attention(q_ATNH, k_ATKH, v_ATKH, causal_ATT)
-            x_ATD = block_output(x_ATD, out_ATNH, w, cfg)
+            x_ATD, _ = block_output(x_ATD, out_ATNH, w, cfg)
             rows_AT = jnp.broadcast_to(rows_A[:, None], (A, T))
             k_BKHS = k_BKHS.at[rows_AT, :, :, slots_AT].set(k_ATKH.astype(k_BKHS.dtype), mode="drop")
             v_BKSH = v_BKSH.at[rows_AT, :, slots_AT, :].set(v_ATKH.astype(v_BKSH.dtype), mode="drop")

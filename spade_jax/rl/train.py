@@ -11,6 +11,9 @@ weight-matmul outputs kept, attention recomputed), and the LM head + log-softmax
 rematerialised chunks over the masked targets only, so neither the `(R, heads, T, T)`
 attention probabilities of every layer nor `(R, T, V)` logits are ever stored.
 
+For a mixture-of-experts model the update also reports what the routers did (`router_*`
+metrics; the per-layer, per-expert load of the last update in `Trainer.router_load_LE`).
+
 Two objectives share the machinery: `"pg"` (clipped policy gradient, `rl/losses.py`)
 for self-play and `"nll"` (token cross-entropy on the masked tokens) for supervised
 bootstrapping.
@@ -30,6 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from spade_jax.models.moe import RouterStats, load_balancing_loss
 from spade_jax.models.policy import Policy
 from spade_jax.models.sharding import activation_sharding, param_shardings
 from spade_jax.models.transformer import REMAT_POLICIES
@@ -62,6 +66,10 @@ class LossConfig:
     micro_batch_rows: int = 0  # rows per micro-batch; 0 = the whole batch at once
     remat: str = "dots"  # per-layer rematerialisation, a key of models.transformer.REMAT_POLICIES
     logits_chunk: int = 128  # positions per chunk of the LM head + log-softmax; 0 = all at once
+    # Switch-style load-balancing term for MoE routers (models/moe.py), per target token. Off by
+    # default: the reference fine-tunes its MoE base without one, and a pretrained router is
+    # already balanced; watch `router_load_max` and turn it on if experts collapse.
+    router_aux_coef: float = 0.0
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -114,6 +122,7 @@ class Trainer:
         )
         opt_shardings = jax.tree.map(lambda a: a.sharding, self.opt_state)
         self.step = 0
+        self.router_load_LE: np.ndarray | None = None
         # The KL reference is a copy: the update donates the live parameters' buffers.
         self.ref_params = (jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=self._param_shardings)(pure)
                            if loss.kl_coef > 0 else None)
@@ -174,7 +183,10 @@ class Trainer:
         params, self.opt_state, metrics = self._update(self.params, self.opt_state, arrays, self.ref_params)
         self._set_params(params)
         self.step += 1
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics = jax.device_get(metrics)
+        if "router_load_LE" in metrics:
+            self.router_load_LE = np.asarray(metrics.pop("router_load_LE"))
+        metrics = {k: float(v) for k, v in metrics.items()}
         elapsed = time.perf_counter() - start
         metrics["step_time_s"] = elapsed
         metrics["tokens_per_s"] = float(batch.target_mask_RT.sum() + (batch.segment_ids_RT > 0).sum()) / elapsed
@@ -183,7 +195,8 @@ class Trainer:
     # ---- compiled functions --------------------------------------------------------------
 
     def _token_logprobs(self, params, arrays, with_entropy: bool, only_masked: bool):
-        """Log-probs of the targets `(R, T)` and, if asked, the entropies (else None).
+        """Log-probs of the targets `(R, T)`, the entropies if asked (else None), and the
+        routers' `RouterStats` (None for a dense model).
 
         The LM head runs through `_chunked_head`; with `only_masked` it runs only at the
         masked targets, the only ones the loss reads, and other positions hold 0.
@@ -191,7 +204,7 @@ class Trainer:
         cfg = self.loss_config
         model = nnx.merge(self.graphdef, params)
         with activation_sharding(self.policy.mesh, self.policy.rules):
-            hidden_RTD, _ = model.hidden_and_cache(
+            hidden_RTD, router = model.hidden_and_router_stats(
                 arrays["tokens_RT"], arrays["positions_RT"], arrays["segment_ids_RT"], remat=cfg.remat
             )
 
@@ -202,7 +215,7 @@ class Trainer:
                 return losses.token_logprobs(logits_RCV, targets_RC), None
 
             mask_RT = arrays["target_mask_RT"].astype(bool) if only_masked else None
-            return _chunked_head(head, hidden_RTD, arrays["targets_RT"], cfg.logits_chunk, mask_RT)
+            return (*_chunked_head(head, hidden_RTD, arrays["targets_RT"], cfg.logits_chunk, mask_RT), router)
 
     def _logprobs_fn(self, params, arrays):
         return self._token_logprobs(params, arrays, with_entropy=False, only_masked=False)[0]
@@ -211,17 +224,18 @@ class Trainer:
         cfg = self.loss_config
         mask_RT = micro["target_mask_RT"]
         if cfg.objective == "nll":
-            logp_RT, _ = self._token_logprobs(params, micro, with_entropy=False, only_masked=True)
+            logp_RT, _, router = self._token_logprobs(params, micro, with_entropy=False, only_masked=True)
             weighted = mask_RT * micro["weights_RT"]
-            return losses.PGLossTerms(
+            terms = losses.PGLossTerms(
                 loss_sum=-jnp.sum(weighted * logp_RT),
                 token_count=jnp.sum(mask_RT),
                 metrics={"nll_sum": -jnp.sum(mask_RT * jax.lax.stop_gradient(logp_RT))},
             )
-        logp_RT, entropy_RT = self._token_logprobs(params, micro, with_entropy=True, only_masked=True)
+            return self._with_router(terms, router)
+        logp_RT, entropy_RT, router = self._token_logprobs(params, micro, with_entropy=True, only_masked=True)
         ref_logp = None
         if ref_params is not None:
-            ref_logp, _ = self._token_logprobs(ref_params, micro, with_entropy=False, only_masked=True)
+            ref_logp, _, _ = self._token_logprobs(ref_params, micro, with_entropy=False, only_masked=True)
             ref_logp = jax.lax.stop_gradient(ref_logp)
         old = micro.get("old_logprobs_RT", jax.lax.stop_gradient(logp_RT))
         terms = losses.pg_loss_terms(
@@ -240,6 +254,19 @@ class Trainer:
         )
         for role, role_id in ROLE_IDS.items():
             terms.metrics[f"{role}_tokens_sum"] = jnp.sum(mask_RT * (micro["roles_RT"] == role_id))
+        return self._with_router(terms, router)
+
+    def _with_router(self, terms: losses.PGLossTerms, router: RouterStats | None) -> losses.PGLossTerms:
+        """Adds a micro-batch's router counts to its terms (summed over micro-batches; summarised
+        by `_router_metrics`) and, with `router_aux_coef`, the load-balancing term per target token."""
+        if router is None:
+            return terms
+        terms.metrics.update(router_load_LE=router.load_E, router_prob_LE=router.prob_E,
+                             router_tokens_L=router.tokens, router_dropped=jnp.sum(router.dropped))
+        coef = self.loss_config.router_aux_coef
+        if coef:
+            aux = load_balancing_loss(router, self.policy.config)
+            terms = terms._replace(loss_sum=terms.loss_sum + coef * aux * terms.token_count)
         return terms
 
     def _update_fn(self, params, opt_state, arrays, ref_params):
@@ -275,7 +302,33 @@ class Trainer:
         params = optax.apply_updates(params, updates)
         metrics = losses.mean_metrics(terms)
         metrics["grad_norm"] = optax.tree.norm(grads)
+        if "router_load_LE" in metrics:
+            metrics.update(_router_metrics(metrics, self.policy.config))
         return params, opt_state, metrics
+
+
+def _router_metrics(metrics: dict, config) -> dict:
+    """Summaries of the accumulated router counts (removed from `metrics`):
+
+    `router_load_LE` each expert's share of its layer's assignments over the real tokens
+    (1 / E when balanced); `router_load_max` / `router_load_min` the largest / smallest share
+    times E over layers and experts (1 when balanced); `router_unused` the fraction of
+    (layer, expert) pairs that got no token; `router_dropped` the fraction of assignments a
+    capacity dropped (0 when dropless); `router_aux_loss` the load-balancing loss (k when balanced).
+    """
+    load_LE, prob_LE = metrics.pop("router_load_LE"), metrics.pop("router_prob_LE")
+    tokens_L, dropped = metrics.pop("router_tokens_L"), metrics.pop("router_dropped")
+    assignments_L = jnp.maximum(tokens_L * config.num_experts_per_tok, 1.0)
+    share_LE = load_LE / assignments_L[:, None]
+    E = config.num_experts
+    return {
+        "router_load_LE": share_LE,
+        "router_load_max": jnp.max(share_LE) * E,
+        "router_load_min": jnp.min(share_LE) * E,
+        "router_unused": jnp.mean(load_LE == 0),
+        "router_dropped": dropped / jnp.sum(assignments_L),
+        "router_aux_loss": load_balancing_loss(RouterStats(load_LE, prob_LE, tokens_L, dropped), config),
+    }
 
 
 def _chunked_head(head, hidden_RTD, targets_RT, chunk: int, mask_RT=None):

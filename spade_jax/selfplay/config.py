@@ -105,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
     c.model.param_dtype = "float32"
     c.model.tokenizer_path = ""  # random: a HF directory or .gguf whose tokenizer to use
+    c.model.moe_capacity_factor = 0.0  # MoE checkpoints: 0 = dropless dispatch (models/moe.py)
     c.model.arch = ml_collections.ConfigDict(
         dict(
             family="llama",

@@ -31,7 +31,8 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
 
     if c.model.source == "pretrained":
         path = packaged_smollm2_path() if c.model.path == "packaged" else c.model.path
-        return load_pretrained(path, dtype=c.model.dtype, param_dtype=c.model.param_dtype, mesh=mesh, progress=c.log.progress)
+        return load_pretrained(path, dtype=c.model.dtype, param_dtype=c.model.param_dtype, mesh=mesh,
+                               moe_capacity_factor=c.model.moe_capacity_factor, progress=c.log.progress)
     if c.model.source == "bootstrap":
         return _bootstrapped_policy(c, workdir, mesh)
     tokenizer = load_tokenizer(c.model.tokenizer_path) if c.model.tokenizer_path else None
@@ -40,7 +41,8 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
         if tokenizer is None:
             raise ValueError("config.model.arch.vocab_size: set it, or give model.tokenizer_path")
         arch["vocab_size"] = tokenizer.vocab_size
-    model_config = ModelConfig(**arch, dtype=c.model.dtype, param_dtype=c.model.param_dtype)
+    model_config = ModelConfig(**arch, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
+                               moe_capacity_factor=c.model.moe_capacity_factor)
     logging.info("random policy: %.2fM parameters", model_config.num_params / 1e6)
     return random_policy(model_config, tokenizer, seed=c.seed, mesh=mesh)
 
