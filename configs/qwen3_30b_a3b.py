@@ -28,6 +28,10 @@ def get_config(arg=None):
     c.model.path = ""  # set --config.model.path
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
+    # Each expert's dispatch buffer holds twice its fair share of a dispatch (at least 64 rows,
+    # so decode steps never drop); the update reports `router_dropped`. 0 (dropless) would size
+    # every buffer for all assignments: 128x the experts' FLOPs (models/moe.py).
+    c.model.moe_capacity_factor = 2.0
     c.mesh.shape = (1, 8, -1)
 
     # Memory: one 16k row per fsdp rank per micro-batch, whole layers recomputed in the

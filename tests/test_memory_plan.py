@@ -66,10 +66,13 @@ def test_moe_dispatch_buffer_and_expert_sharding():
     moe = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=16, family="qwen3_moe", qk_norm=True, num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=32)
-    # 1 row of 8 tokens per device; the fsdp group of 2 is gathered: 16 tokens * 2 assignments.
-    assert _plan(moe).moe_dispatch == 32 * 64 * 4
-    # Capacity 1.5: ceil(1.5 * 32 / 2 expert shards) = 24 rows.
-    assert _plan(moe.replace(moe_capacity_factor=1.5)).moe_dispatch == 24 * 64 * 4
+    # 1 row of 8 tokens per device; the fsdp group of 2 is gathered: 16 tokens * 2 = 32
+    # assignments. Dropless: each of the 2 local experts has room for all 32.
+    assert _plan(moe).moe_dispatch == 2 * 32 * 64 * 4
+    # Capacity 1.5: 2 experts x ceil(1.5 * 32 / 4 experts) = 24 rows; the default floor of 64
+    # rows per expert keeps a dispatch this small dropless.
+    assert _plan(moe.replace(moe_capacity_factor=1.5, moe_min_capacity=1)).moe_dispatch == 24 * 64 * 4
+    assert _plan(moe.replace(moe_capacity_factor=1.5)).moe_dispatch == 2 * 32 * 64 * 4
     # Each of 8 fsdp devices holds 16 whole experts, split over tensor along their width.
     mesh = mesh_stub((1, 8, 4))
     assert per_device((128, 2048, 768), ("experts", "embed", "mlp"), mesh, TRAIN_RULES) == 16 * 2048 * 192

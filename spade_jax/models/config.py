@@ -21,8 +21,9 @@ class ModelConfig:
     mean what transformers' `Qwen3MoeConfig` means: layer i is sparse when `num_experts > 0`,
     i is not in `mlp_only_layers` and `(i + 1) % decoder_sparse_step == 0`; dense layers use
     `intermediate_size`, experts `moe_intermediate_size`. `moe_capacity_factor` 0 routes every
-    token to all its experts (dropless); c > 0 gives each shard of experts room for c times its
-    fair share of the assignments and drops the rest (see `models/moe.py`).
+    token to all its experts (dropless); c > 0 gives each expert room for c times its fair
+    share of a dispatch's assignments, at least `moe_min_capacity`, and drops the rest (see
+    `models/moe.py`).
     """
 
     vocab_size: int
@@ -50,6 +51,7 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     moe_capacity_factor: float = 0.0  # 0 = dropless
+    moe_min_capacity: int = 64  # buffer rows per expert a capacity never goes below
     dtype: str = "float32"  # activations / compute
     param_dtype: str = "float32"
 
@@ -75,8 +77,9 @@ class ModelConfig:
                 f"MoE needs 1 <= num_experts_per_tok ({self.num_experts_per_tok}) <= num_experts "
                 f"({self.num_experts}), moe_intermediate_size > 0 ({self.moe_intermediate_size}) and "
                 f"decoder_sparse_step >= 1 ({self.decoder_sparse_step})")
-        if self.moe_capacity_factor < 0:
-            raise ValueError(f"moe_capacity_factor must be >= 0 (0 = dropless), got {self.moe_capacity_factor}")
+        if self.moe_capacity_factor < 0 or self.moe_min_capacity < 1:
+            raise ValueError(f"moe_capacity_factor must be >= 0 (0 = dropless) and moe_min_capacity >= 1, got "
+                             f"{self.moe_capacity_factor} and {self.moe_min_capacity}")
         object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
 
     def is_sparse(self, layer: int) -> bool:

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spade_jax.models.config import ModelConfig
+from spade_jax.models.moe import capacity
 from spade_jax.models.policy import abstract_model
 from spade_jax.models.sharding import MESH_AXES, TRAIN_RULES, Rules, logical_to_spec
 from spade_jax.models.transformer import REMAT_POLICIES
@@ -68,7 +69,7 @@ PUBLISHED_ARCHITECTURES: dict[str, ModelConfig] = {
                             num_kv_heads=8, tie_word_embeddings=True),
     "qwen3_8b": ModelConfig(**_QWEN3, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                             num_kv_heads=8, tie_word_embeddings=False),
-    "qwen3_30b_a3b": ModelConfig(**{**_QWEN3, "family": "qwen3_moe", "rope_theta": 5e6,
+    "qwen3_30b_a3b": ModelConfig(**{**_QWEN3, "family": "qwen3_moe", "rope_theta": 1e7,
                                     "max_position_embeddings": 262144},
                                  hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
                                  num_kv_heads=4, tie_word_embeddings=False, num_experts=128,
@@ -223,14 +224,14 @@ def memory_plan(
     block = max(128, -(-T // 16))  # transformer._query_block
     scores = act((R, N, block, T), ("batch", "heads", None, None))
     # Expert parallelism (models/moe.py): a device holding E / fsdp experts sees the tokens of
-    # its whole fsdp group when the batch is sharded over fsdp, and keeps `rows` assignments.
+    # its whole fsdp group when the batch is sharded over fsdp, and gives each of its experts a
+    # buffer of `capacity` rows for the group's assignments.
     fsdp = mesh.shape["fsdp"]
     ep = fsdp if E and fsdp > 1 and E % fsdp == 0 else 1
     batch_spec = logical_to_spec(("batch",), (R,), mesh, rules)[0]
     group = ep if ep > 1 and "fsdp" in _mesh_axes(batch_spec) else 1
     assignments = residual // D * group * cfg.num_experts_per_tok
-    rows = assignments if cfg.moe_capacity_factor == 0 else min(
-        assignments, math.ceil(cfg.moe_capacity_factor * assignments / ep))
+    rows = E // ep * capacity(cfg, assignments) if E else 0
 
     def saved(sparse: bool) -> int:
         if remat == "full":

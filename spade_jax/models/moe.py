@@ -6,17 +6,24 @@ Routing is transformers' `Qwen3MoeSparseMoeBlock`: router logits in the compute 
 softmax in float32, the top `num_experts_per_tok` probabilities (renormalised to sum to 1
 when `norm_topk_prob`) weight the chosen experts' outputs.
 
-Dispatch is sort-based and dropless by default. Each token's k assignments are sorted by
-expert and every expert multiplies only its own rows, with one grouped matmul
-(`jax.lax.ragged_dot`) per projection: the FLOPs are those of the k chosen experts, not of
-all E. On TPU and GPU `ragged_dot` is a native grouped matmul; XLA:CPU expands it into a
-masked product over every expert, which is why CPU runs only small test configs. Dropless
-rather than capacity-based because self-play scores the same tokens twice, in the sampler
-and in the update, grouped differently (decode rows vs packed training rows): with a
-capacity, which tokens an expert drops depends on the grouping, so the two would compute
-different policies and the importance ratio would carry that error. `moe_capacity_factor`
-c > 0 still bounds the dispatch buffer (each shard of experts takes at most c times its fair
-share of assignments; the rest are dropped and counted) for memory-bound settings.
+Dispatch is sort-based with per-expert buffers (no one-hot dispatch tensors). Each token's k
+assignments are sorted by expert and written to a buffer of `capacity` rows per expert; each
+expert multiplies its rows with one batched matmul (`einsum` over the experts), so the FLOPs,
+in the forward and the backward pass, are those of the buffer: c times the k chosen experts'
+with a capacity factor c, not all E experts'. With `moe_capacity_factor` 0 (the default) the
+buffer holds every assignment for every expert, so nothing is dropped and the sampler and
+the update compute exactly the same function; that costs E times the FLOPs, right for the
+test-sized models on CPU and wrong at scale. Large MoE presets set c (the 30B preset: 2), and
+a dispatch too small to need one (a decode step) stays dropless through `moe_min_capacity`.
+Dropped assignments add nothing to their token (the residual passes) and are counted in the
+update's `router_dropped`: with a capacity, the sampler (decode rows) and the update (packed
+rows) group tokens differently and may drop different ones, a policy mismatch the truncated
+importance weights see as any other.
+
+`jax.lax.ragged_dot` (a grouped matmul over the sorted rows) would be dropless at the cost of
+the k chosen experts, but compiled for TPU v5p here it costs its full row count in the forward
+pass and every local expert times that for the weight gradient (cost analysis of XLA:TPU,
+bench/RESULTS.md), so the buffers are the predictable choice.
 
 Expert parallelism runs over the `fsdp` mesh axis: the stacked expert weights are sharded
 along E there (rule "experts"), so each device holds E / fsdp whole experts and no expert
@@ -102,7 +109,7 @@ def _dispatch(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig):
     """Every token's weighted sum over its experts, and the number of dropped assignments."""
     ep = expert_parallelism(config)
     if ep == 1:
-        return _local_experts(h_BTD, top_i_BTP, top_w_BTP, w, config, first_expert=0, shards=1)
+        return _local_experts(h_BTD, top_i_BTP, top_w_BTP, w, config, first_expert=0)
     mesh, rules = active_sharding()
     batch = logical_to_spec(("batch",), h_BTD.shape[:1], mesh, rules)[0]
     batch_axes = (batch,) if isinstance(batch, str) else tuple(batch or ())
@@ -123,7 +130,7 @@ def _dispatch(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig):
                                            for a in (h_BTD, top_i_BTP, top_w_BTP))
         first = jax.lax.axis_index(EXPERT_AXIS) * gate.shape[0]
         y_BTD, dropped = _local_experts(h_BTD, top_i_BTP, top_w_BTP, {"gate": gate, "up": up, "down": down},
-                                        config, first_expert=first, shards=ep)
+                                        config, first_expert=first)
         if gathered:
             y_BTD = jax.lax.psum_scatter(y_BTD, EXPERT_AXIS, scatter_dimension=0, tiled=True)
         else:
@@ -141,36 +148,52 @@ def _dispatch(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig):
     return y_BTD, jnp.sum(dropped)
 
 
-def _local_experts(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig, *, first_expert, shards: int):
+def capacity(config: ModelConfig, assignments: int) -> int:
+    """Buffer rows per expert for `assignments` routed (to any expert) in one dispatch.
+
+    Dropless (`moe_capacity_factor` 0): all of them, the most one expert can get. Otherwise c
+    times the fair share, but never below `moe_min_capacity` (capped at all of them): a decode
+    step routes a few hundred assignments, where one expert's load varies most, so small
+    dispatches stay dropless at a negligible buffer.
+    """
+    cf = config.moe_capacity_factor
+    if cf == 0:
+        return assignments
+    return min(assignments, max(math.ceil(cf * assignments / config.num_experts), config.moe_min_capacity))
+
+
+def _local_experts(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig, *, first_expert):
     """The outputs of experts `[first_expert, first_expert + local)` for every token given.
 
-    Assignments to these experts are sorted by expert (others last) and cut to the buffer's
-    rows: all of them when dropless, else `moe_capacity_factor` times this shard's fair share.
+    Assignments to these experts are sorted by expert and written to a buffer of `capacity`
+    rows per expert (the rest, if any, are dropped and counted); each expert multiplies its
+    rows with one batched matmul, whose FLOPs and gradient are those of the buffer.
     """
     B, T, D = h_BTD.shape
     k = top_i_BTP.shape[-1]
     El = w["gate"].shape[0]  # the experts held here
-    A = B * T * k
+    M, A = B * T, B * T * k
+    C = capacity(config, A)
     dt = h_BTD.dtype
-    x_MD = h_BTD.reshape(B * T, D)
     expert_A = top_i_BTP.reshape(A)
-    token_A = jnp.repeat(jnp.arange(B * T), k)
     local_A = (expert_A >= first_expert) & (expert_A < first_expert + El)
     key_A = jnp.where(local_A, expert_A - first_expert, El)
-    cf = config.moe_capacity_factor
-    rows = A if cf == 0 else min(A, math.ceil(cf * A / shards))
-    order_R = jnp.argsort(key_A, stable=True)[:rows]
-    sizes_E = jnp.zeros((El + 1,), jnp.int32).at[key_A].add(1)[:El]
-    kept_E = jnp.diff(jnp.minimum(jnp.cumsum(sizes_E), rows), prepend=0).astype(jnp.int32)
-    token_R = token_A[order_R]
-    x_RD = x_MD[token_R]
-    gate_RF = jax.lax.ragged_dot(x_RD, w["gate"].astype(dt), kept_E)
-    up_RF = jax.lax.ragged_dot(x_RD, w["up"].astype(dt), kept_E)
-    y_RD = jax.lax.ragged_dot(jax.nn.silu(gate_RF) * up_RF, w["down"].astype(dt), kept_E)
-    in_group_R = jnp.arange(rows) < kept_E.sum()
-    weight_R = jnp.where(in_group_R, top_w_BTP.reshape(A)[order_R], 0).astype(dt)
-    y_MD = jnp.zeros((B * T, D), dt).at[token_R].add(y_RD * weight_R[:, None])
-    dropped = (sizes_E.sum() - kept_E.sum()).astype(jnp.float32)
+    order_A = jnp.argsort(key_A, stable=True)
+    key_sorted_A = key_A[order_A]
+    sizes_E = jnp.zeros((El + 1,), jnp.int32).at[key_A].add(1)
+    starts_E = jnp.cumsum(sizes_E) - sizes_E
+    rank_A = jnp.arange(A) - starts_E[key_sorted_A]  # place among its expert's assignments
+    kept_A = (key_sorted_A < El) & (rank_A < C)
+    slot_A = jnp.where(kept_A, key_sorted_A * C + rank_A, El * C)  # El * C: dropped
+    # Each buffer row's token and weight (an empty row reads token 0 with weight 0).
+    token_S = jnp.zeros((El * C + 1,), jnp.int32).at[slot_A].set(order_A // k)[:-1]
+    weight_S = jnp.zeros((El * C + 1,), dt).at[slot_A].set(top_w_BTP.reshape(A)[order_A].astype(dt))[:-1]
+    x_ECD = h_BTD.reshape(M, D)[token_S].reshape(El, C, D)
+    gate_ECF = jnp.einsum("ecd,edf->ecf", x_ECD, w["gate"].astype(dt))
+    up_ECF = jnp.einsum("ecd,edf->ecf", x_ECD, w["up"].astype(dt))
+    y_ECD = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate_ECF) * up_ECF, w["down"].astype(dt))
+    y_MD = jnp.zeros((M, D), dt).at[token_S].add(y_ECD.reshape(El * C, D) * weight_S[:, None])
+    dropped = (jnp.sum(local_A) - jnp.sum(kept_A)).astype(jnp.float32)
     return y_MD.reshape(B, T, D), dropped
 
 

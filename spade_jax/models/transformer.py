@@ -88,7 +88,7 @@ class KVCache(NamedTuple):
         return self.segment_ids_BS.shape[1]
 
 
-def init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: str = "normal") -> jax.Array:
+def _init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: str = "normal") -> jax.Array:
     if init == "ones":
         return jnp.ones(shape, dtype)
     fan_in = shape[-2] if len(shape) >= 2 and scale is None else 1
@@ -97,7 +97,7 @@ def init_value(rngs: nnx.Rngs, shape, dtype, scale: float | None = None, init: s
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, scale: float | None = None, init: str = "normal"):
-    return nnx.Param(init_value(rngs, shape, dtype, scale, init), logical_axes=axes)
+    return nnx.Param(_init_value(rngs, shape, dtype, scale, init), logical_axes=axes)
 
 
 def at_least_float32(dtype) -> jnp.dtype:
@@ -276,13 +276,13 @@ class MLP(nnx.Module):
     @staticmethod
     def draw(config: ModelConfig, rngs: nnx.Rngs, num_layers: int) -> dict:
         """Initial values of `num_layers` layers, `(layers, ...)` each: drawn `(in, out)`, the
-        layout whose fan-in `init_value` reads, then transposed to the stored `(out, in)`."""
+        layout whose fan-in `_init_value` reads, then transposed to the stored `(out, in)`."""
         L, D, F = num_layers, config.hidden_size, config.intermediate_size
         dt = jnp.dtype(config.param_dtype)
         return {
-            "gate_FD": init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
-            "up_FD": init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
-            "down_DF": init_value(rngs, (L, F, D), dt).swapaxes(1, 2),
+            "gate_FD": _init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
+            "up_FD": _init_value(rngs, (L, D, F), dt).swapaxes(1, 2),
+            "down_DF": _init_value(rngs, (L, F, D), dt).swapaxes(1, 2),
         }
 
     def weights(self) -> dict:
@@ -316,10 +316,10 @@ class MoE(nnx.Module):
         L, E, D, F = num_layers, config.num_experts, config.hidden_size, config.moe_intermediate_size
         dt = jnp.dtype(config.param_dtype)
         return {
-            "router_ED": init_value(rngs, (L, D, E), dt).swapaxes(1, 2),
-            "gate_EDF": init_value(rngs, (L, E, D, F), dt),
-            "up_EDF": init_value(rngs, (L, E, D, F), dt),
-            "down_EFD": init_value(rngs, (L, E, F, D), dt),
+            "router_ED": _init_value(rngs, (L, D, E), dt).swapaxes(1, 2),
+            "gate_EDF": _init_value(rngs, (L, E, D, F), dt),
+            "up_EDF": _init_value(rngs, (L, E, D, F), dt),
+            "down_EFD": _init_value(rngs, (L, E, F, D), dt),
         }
 
     def weights(self) -> dict:
@@ -346,10 +346,10 @@ class Attention(nnx.Module):
         N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
         dt = jnp.dtype(config.param_dtype)
         values = {
-            "q_NHD": init_value(rngs, (L, D, N, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "k_KHD": init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "v_KHD": init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
-            "o_DNH": init_value(rngs, (L, N, H, D), dt, (N * H) ** -0.5).transpose(0, 3, 1, 2),
+            "q_NHD": _init_value(rngs, (L, D, N, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "k_KHD": _init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "v_KHD": _init_value(rngs, (L, D, K, H), dt, D**-0.5).transpose(0, 2, 3, 1),
+            "o_DNH": _init_value(rngs, (L, N, H, D), dt, (N * H) ** -0.5).transpose(0, 3, 1, 2),
         }
         if config.qk_norm:
             values["q_norm_H"] = jnp.ones((L, H), dt)
@@ -483,7 +483,7 @@ class Transformer(nnx.Module):
         ])
         self.final_norm_D = _param(rngs, (D,), ("embed",), dt, init="ones")
         if not config.tie_word_embeddings:
-            self.lm_head_VD = nnx.Param(init_value(rngs, (D, V), dt).T, logical_axes=("vocab", "embed"))
+            self.lm_head_VD = nnx.Param(_init_value(rngs, (D, V), dt).T, logical_axes=("vocab", "embed"))
 
     def __call__(
         self,
