@@ -189,3 +189,13 @@ def test_zero_advantages_leave_the_policy_unchanged_and_nonzero_ones_move_it():
         return np.abs(policy.logits(pack(_sequences(), 32, 4).tokens_RT[:2]) - start).max()
 
     assert moved(0.0) == 0.0 and moved(1.0) > 1e-3
+
+
+def test_adam_moments_are_sharded_like_their_parameters():
+    trainer = Trainer(random_policy(CFG, mesh=make_mesh((1, 8, 1), jax.devices()[:8])))
+    params = jax.tree.leaves(trainer.params)
+    adam = next(s for s in trainer.opt_state[1] if hasattr(s, "mu"))
+    for moments in (adam.mu, adam.nu):
+        for param, moment in zip(params, jax.tree.leaves(moments)):
+            assert moment.sharding.spec == param.sharding.spec
+    assert any(axis is not None for param in params for axis in param.sharding.spec)  # not vacuous

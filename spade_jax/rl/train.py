@@ -114,13 +114,14 @@ class Trainer:
         self.data_parallel = int(np.prod([mesh.shape[a] for a in batch_axes] or [1]))
         self._row_sharding = NamedSharding(mesh, PartitionSpec(batch_axes or None, None))
         pure = nnx.to_pure_dict(params)
-        # Committed, and returned by the update with the same shardings: otherwise the first
-        # update's outputs (committed) differ from its inputs and the second call compiles again.
-        self.opt_state = jax.tree.map(
-            lambda a: jax.device_put(a, a.sharding if isinstance(a.sharding, NamedSharding) else self._replicated),
-            jax.jit(self.optimizer.init)(pure),
-        )
-        opt_shardings = jax.tree.map(lambda a: a.sharding, self.opt_state)
+        # Adam's moments sharded like their parameters (left to propagation, zeros come out
+        # replicated: every device would hold the whole optimizer state), the rest replicated;
+        # committed, and returned by the update with the same shardings, so the second call
+        # does not compile again.
+        opt_shardings = optax.tree_map_params(
+            self.optimizer, lambda _, sharding: sharding, jax.eval_shape(self.optimizer.init, pure),
+            self._param_shardings, transform_non_params=lambda _: self._replicated)
+        self.opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(pure)
         self.step = 0
         self.router_load_LE: np.ndarray | None = None
         # The KL reference is a copy: the update donates the live parameters' buffers.
