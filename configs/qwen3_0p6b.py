@@ -7,7 +7,10 @@
         --model_bucket=gs://my-bucket/Qwen3-0.6B -- --config=configs/qwen3_0p6b.py
 
 Mesh (data, fsdp, tensor): one GPU (1, 1, 1); 8 GPUs (8, 1, 1); TPU v4-8 = 4 chips (4, 1, 1);
-v5e-16 (2, 8, 1). The 0.6B model fits replicated everywhere; use fsdp for optimizer memory.
+v5e-16 (2, 8, 1) with --config.rl.micro_batch_rows=16 (a multiple of data x fsdp). The 0.6B
+model fits replicated everywhere; use fsdp for optimizer memory. Compiled for v4-8 ahead of
+time (bench/aot_tpu.py): the update peaks at 20.7 GiB of 32 per chip with whole layers
+recomputed; keeping the matmul outputs ("dots") needs 31.1 GiB, more than the 30.75 a v4 chip gives.
 """
 
 from spade_jax.selfplay.config import base_config, parse_arg
@@ -28,6 +31,7 @@ def get_config(arg=None):
     c.agent.context_budget = 8192
     c.rl.row_length = 8192
     c.rl.micro_batch_rows = 8
+    c.rl.remat = "full"
     c.sandbox.num_workers = 16
     if arg.runlocal:
         c.model.dtype = "float32"

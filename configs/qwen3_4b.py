@@ -3,8 +3,11 @@
     python -m spade_jax.main --config=configs/qwen3_4b.py --workdir=workdirs/qwen3_4b \
         --config.model.path=/data/models/Qwen3-4B
 
-Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1); TPU v4-32 = 16 chips (2, 8, 1);
-v5p-32 (2, 8, 1); v5e-64 (4, 16, 1). Parameters and Adam moments are sharded over fsdp.
+Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1); TPU v4-32 = 16 chips (1, 8, 2); v5p-32
+(1, 8, 2). Parameters and Adam moments are sharded over fsdp; rl.micro_batch_rows must be a
+multiple of data x fsdp. Compiled for v4-32 ahead of time (bench/aot_tpu.py): the update
+peaks at 23.0 GiB of 32 per chip with whole layers recomputed; (2, 8, 1) at 16k rows needs
+35 GiB, "dots" remat 66 GiB.
 """
 
 from spade_jax.selfplay.config import base_config, parse_arg
@@ -26,6 +29,7 @@ def get_config(arg=None):
     c.agent.context_budget = 16384
     c.rl.row_length = 16384
     c.rl.micro_batch_rows = 8
+    c.rl.remat = "full"
     c.sandbox.num_workers = 32
     if arg.runlocal:
         c.num_iterations = 1

@@ -4,7 +4,9 @@
         --config.model.path=/data/models/Qwen3-8B
 
 Mesh (data, fsdp, tensor): 8x H100/H200 (1, 8, 1) or (1, 4, 2); TPU v4-64 = 32 chips
-(2, 16, 1); v5p-64 (2, 16, 1); v5e-128 (4, 16, 2). bf16 activations, f32 master weights.
+(1, 8, 4); v5p-64 (1, 8, 4). bf16 activations, f32 master weights; rl.micro_batch_rows must
+be a multiple of data x fsdp. Compiled for v4-64 ahead of time (bench/aot_tpu.py): the update
+peaks at 18.0 GiB of 32 per chip with whole layers recomputed; (2, 16, 1) needs 40 GiB.
 """
 
 from spade_jax.selfplay.config import base_config, parse_arg
@@ -26,6 +28,7 @@ def get_config(arg=None):
     c.agent.context_budget = 16384
     c.rl.row_length = 16384
     c.rl.micro_batch_rows = 8
+    c.rl.remat = "full"
     c.sandbox.num_workers = 64
     if arg.runlocal:
         c.num_iterations = 1
