@@ -25,6 +25,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from spade_jax.models import CheckpointError, load_pretrained, make_mesh
 
+from gguf_files import finish, gguf_writer
+
 TOLERANCE = 1e-4
 # At SmolLM2's scale (logits up to |80|, residual activations up to |932|) float32 rounding
 # alone separates two correct implementations by 1-2e-4 (measurements in bench/RESULTS.md).
@@ -203,21 +205,9 @@ def test_config_read_from_checkpoint(case):
 
 def _write_gguf(model, path, arch: str) -> None:
     """A float32 GGUF of a transformers model, with llama.cpp's q/k row order for Llama."""
-    import gguf
-
     cfg = model.config
     H = cfg.head_dim
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(H)
-    writer.add_value_length(H)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer = gguf_writer(path, arch, cfg)
 
     def llama_cpp_order(w, heads):
         return w.reshape(heads, 2, H // 2, -1).swapaxes(1, 2).reshape(w.shape)
@@ -246,10 +236,7 @@ def _write_gguf(model, path, arch: str) -> None:
         elif arch == "llama" and ".k_proj." in hf_name:
             w = llama_cpp_order(w, cfg.num_key_value_heads)
         writer.add_tensor(names[hf_name], w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 @pytest.mark.parametrize("name", ["llama-gqa3-headdim-tied-llama3rope-sharded", "qwen3-gqa4-headdim-untied-sharded"])

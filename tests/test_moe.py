@@ -16,6 +16,8 @@ import torch
 from flax import nnx
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from gguf_files import finish, gguf_writer
+
 from spade_jax.models import ModelConfig, load_pretrained, make_mesh, random_policy
 from spade_jax.models.policy import segment_positions
 from spade_jax.models.moe import RouterStats, load_balancing_loss
@@ -130,20 +132,8 @@ def test_config_read_from_checkpoint(case):
 
 def _write_moe_gguf(model, path) -> None:
     """A float32 qwen3moe GGUF (llama.cpp's names: experts stacked per layer)."""
-    import gguf
-
     cfg = model.config
-    writer = gguf.GGUFWriter(str(path), "qwen3moe")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer = gguf_writer(path, "qwen3moe", cfg)
     writer.add_expert_count(cfg.num_experts)
     writer.add_expert_used_count(cfg.num_experts_per_tok)
     writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
@@ -162,10 +152,7 @@ def _write_moe_gguf(model, path) -> None:
         writer.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :F]))
         writer.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, F:]))
         writer.add_tensor(f"blk.{i}.ffn_down_exps.weight", state[f"model.layers.{i}.mlp.experts.down_proj"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def test_gguf_qwen3moe_matches_transformers(tmp_path):
