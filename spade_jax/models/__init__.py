@@ -5,8 +5,9 @@
 - `transformer`: the Flax NNX decoder (`Transformer`) and its `KVCache`. One call
   serves training and scoring (no cache, layers under `lax.scan`) and sampling
   (prefill and decode over a cache).
-- `moe`: Qwen3-MoE's router and its dropless sort-based expert dispatch (grouped matmuls,
-  experts sharded over fsdp), and the router statistics the update reports.
+- `moe`: Qwen3-MoE's router and its expert dispatch (tokens sorted into per-expert buffers,
+  dropless by default, a capacity for large presets; experts sharded over fsdp), and the
+  router statistics the update reports.
 - `memory_plan`: per-device memory of a preset's update and sampler, counted from shapes
   (`python -m spade_jax.models.memory_plan --config=...`), and the presets' published shapes.
 - `sharding`: logical axis names -> the `(data, fsdp, tensor)` device mesh

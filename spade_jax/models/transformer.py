@@ -301,7 +301,7 @@ class MoE(nnx.Module):
     """Router and stacked expert weights of one sparse layer.
 
     The router is stored `(out, in)` like every other weight; the experts are stored
-    `(experts, in, out)`, the operand layout of `jax.lax.ragged_dot`.
+    `(experts, in, out)`, the layout their batched matmuls (`models/moe.py`) read.
     """
 
     def __init__(self, router_ED, gate_EDF, up_EDF, down_EFD):
