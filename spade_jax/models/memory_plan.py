@@ -14,8 +14,8 @@ itself uses, over a mesh given as its `(data, fsdp, tensor)` sizes. What it coun
   of the micro-batch scan plus one micro-batch's gradients); the activations one micro-batch
   saves for the backward pass under the remat policy ("dots": every layer's input and the
   outputs of its weight matmuls, i.e. q, k, v, the attention output projection and, in a
-  dense layer, gate, up and down; in a sparse layer the router logits, as `ragged_dot` is not
-  a saveable dot; "full": only every layer's input); the working set of one layer's forward and
+  dense layer, gate, up and down; in a sparse layer the router logits, as the experts' batched
+  matmuls are not what "dots" saves; "full": only every layer's input); the working set of one layer's forward and
   backward (its weights gathered over fsdp in the compute dtype and their gradients, one
   attention query block's float32 scores and probabilities, every intermediate and its
   cotangent); the MoE dispatch buffer; the chunked LM head (a chunk's float32 logits, softmax
