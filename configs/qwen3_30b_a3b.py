@@ -3,16 +3,18 @@
     python -m spade_jax.main --config=configs/qwen3_30b_a3b.py --workdir=workdirs/qwen3_30b_a3b \
         --config.model.path=/data/models/Qwen3-30B-A3B-Instruct-2507
 
-Mesh (data, fsdp, tensor). Experts are sharded over fsdp (each device holds 128 / fsdp whole
-experts), so fsdp must divide 128; every other weight is sharded over fsdp along embed and
+Mesh (data, fsdp, tensor). Experts are sharded over fsdp (each device holds 128 / fsdp experts,
+their width split over tensor), so fsdp must divide 128; every other weight is sharded over fsdp along embed and
 over tensor along heads, MLP and vocab. The default (1, 8, -1) keeps 16 experts per device and
 gives the rest of the slice to tensor:
-- TPU v5p-64 (32 chips, 95 GiB): (1, 8, 4), the default as is.
+- TPU v5p-64 (32 chips, 95 GiB): (1, 8, 4), the default as is. Compiled for it ahead of time
+  (bench/aot_tpu.py): the update peaks at 38.4 GiB per chip, a decode step at 7.1.
 - TPU v4-128 (64 chips, 32 GiB): (1, 8, 8) with 8k rows: --config.rl.row_length=8192
   --config.agent.context_budget=8192 --config.designer.max_new_tokens=4096.
 - 8x H200 (141 GB): --config.mesh.shape=1,4,2 --config.rl.micro_batch_rows=4.
 - 8x H100 (80 GB): as H200 plus --config.model.param_dtype=bfloat16 (f32 master weights,
   Adam moments and the KL reference do not fit beside the update).
+The other three come from the memory plan, not from a compile:
 `python -m spade_jax.models.memory_plan --config=configs/qwen3_30b_a3b.py --devices=N --chip=...`
 prints the per-device plan of each (with the same overrides).
 """
@@ -36,8 +38,8 @@ def get_config(arg=None):
 
     # Memory: one 16k row per fsdp rank per micro-batch, whole layers recomputed in the
     # backward pass. The reference trains on 32k contexts; here attention materialises a
-    # query block's scores and the dropless expert dispatch holds every assignment of the
-    # fsdp group, so 16k rows are what the slices above hold with headroom.
+    # query block's scores and each device gathers its fsdp group's tokens for the experts,
+    # so 16k rows are what the slices above hold with headroom (32k is not compiled).
     c.rl.row_length = 16384
     c.rl.micro_batch_rows = 8
     c.rl.remat = "full"
