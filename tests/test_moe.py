@@ -20,6 +20,7 @@ from gguf_files import finish, gguf_writer
 
 from spade_jax.models import ModelConfig, load_pretrained, make_mesh, random_policy
 from spade_jax.models.policy import segment_positions
+from spade_jax.models.sharding import activation_sharding
 from spade_jax.models.moe import RouterStats, load_balancing_loss
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
@@ -233,14 +234,15 @@ def test_experts_shard_over_fsdp_and_the_update_equals_one_device():
     assert np.abs(untouched - ref_policy.logits(batch.tokens_RT[:2])).max() > 1e-3
 
 
-def _router_stats(config, tokens_BT, segments_BT):
-    policy = random_policy(config, seed=0, mesh=_one_device())
+def _router_stats(config, tokens_BT, segments_BT, mesh=None):
+    policy = random_policy(config, seed=0, mesh=mesh or _one_device())
     graphdef, state = nnx.split(policy.model)
     positions_BT = segment_positions(segments_BT)
 
     @jax.jit
     def run(state):
-        return nnx.merge(graphdef, state).hidden_and_router_stats(tokens_BT, positions_BT, segments_BT)
+        with activation_sharding(policy.mesh, policy.rules):
+            return nnx.merge(graphdef, state).hidden_and_router_stats(tokens_BT, positions_BT, segments_BT)
 
     hidden_BTD, stats = run(state)
     return np.asarray(hidden_BTD), jax.tree.map(np.asarray, stats)
@@ -293,6 +295,10 @@ def test_capacity_drops_are_counted_and_a_generous_capacity_equals_dropless():
     assert np.abs(tight - dropless).max() > 1e-3
     # 32 tokens x 2 assignments (padding included) into 8 experts x ceil(0.5 x 64 / 8) = 32 rows
     assert (tight_stats.dropped >= 32).all()
+    # with the experts over 4 devices (the tokens gathered in order) the same assignments drop, counted once
+    sharded, sharded_stats = _router_stats(tight_config, TOKENS_BT, SEGMENTS_BT, make_mesh((1, 4, 2), jax.devices()[:8]))
+    np.testing.assert_allclose(sharded, tight, atol=1e-5)
+    np.testing.assert_array_equal(sharded_stats.dropped, tight_stats.dropped)
     # the floor keeps a dispatch this small dropless
     floored, floored_stats = _router_stats(MOE.replace(moe_capacity_factor=0.5), TOKENS_BT, SEGMENTS_BT)
     np.testing.assert_array_equal(floored, dropless)

@@ -120,9 +120,9 @@ def _dispatch(h_BTD, top_i_BTP, top_w_BTP, w: dict, config: ModelConfig):
     # An expert's hidden width is split like a dense MLP's (tensor parallel), so tensor ranks
     # share the work of each expert rather than repeat it.
     gate_up, down = PartitionSpec(EXPERT_AXIS, None, width), PartitionSpec(EXPERT_AXIS, width, None)
-    # Devices that hold the same tokens and the same experts count the same drops once.
-    repeats = math.prod(mesh.shape[a] for a in mesh.axis_names
-                        if a not in batch_axes and a != EXPERT_AXIS and a not in width_axes)
+    # Devices that hold the same tokens and the same experts (tensor ranks hold slices of the
+    # same experts) count the same drops: once.
+    repeats = math.prod(mesh.shape[a] for a in mesh.axis_names if a not in batch_axes and a != EXPERT_AXIS)
 
     def local(h_BTD, top_i_BTP, top_w_BTP, gate, up, down):
         if gathered:
