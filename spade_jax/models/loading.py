@@ -155,21 +155,21 @@ class _Checkpoint:
     names: dict[str, str]  # role -> name template
     shapes: dict[str, tuple[int, ...]]
     ignored: frozenset[str] = frozenset()  # present but deliberately unused
-    experts_split = False  # expert weights stored one tensor per expert ("{j}" in the name)
 
     def read(self, name: str) -> np.ndarray:
         raise NotImplementedError
 
     def tensors(self, role: str, layer: int | None, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-        """The stored tensors (name -> shape) a parameter of `shape` (stored layout) is read from."""
+        """The stored tensors (name -> shape) a parameter of `shape` (stored layout) is read from:
+        one per expert when the name template has a "{j}", else one."""
         template = self.names[role]
-        if self.experts_split and "{j}" in template:
+        if "{j}" in template:
             return {template.format(i=layer, j=j): shape[1:] for j in range(shape[0])}
         return {template.format(i=layer): shape}
 
     def load(self, role: str, layer: int | None, shape: tuple[int, ...]) -> np.ndarray:
         arrays = [self.read(name) for name in self.tensors(role, layer, shape)]
-        return np.stack(arrays) if len(arrays) > 1 or arrays[0].shape != shape else arrays[0]
+        return np.stack(arrays) if "{j}" in self.names[role] else arrays[0]
 
 
 # ---------------------------------------------------------------- safetensors
@@ -191,7 +191,6 @@ class _SafetensorsCheckpoint(_Checkpoint):
     """
 
     names = _HF_NAMES
-    experts_split = True
 
     def __init__(self, files: list[Path]):
         self.shapes = {}

@@ -465,11 +465,10 @@ class Transformer(nnx.Module):
         sparse = config.sparse_layers
         attn, mlp = Attention.draw(config, rngs), MLP.draw(config, rngs, L - sum(sparse))
         experts = MoE.draw(config, rngs, sum(sparse)) if any(sparse) else {}
-        index = {"dense": 0, "sparse": 0}
 
-        def feed_forward(is_sparse: bool):
-            kind, values, module = ("sparse", experts, MoE) if is_sparse else ("dense", mlp, MLP)
-            j, index[kind] = index[kind], index[kind] + 1
+        def feed_forward(i: int):
+            values, module = (experts, MoE) if sparse[i] else (mlp, MLP)
+            j = sparse[:i].count(sparse[i])  # the layer's place among the layers of its kind
             return module(**{name: value[j] for name, value in values.items()})
 
         self.layers = nnx.List([
@@ -477,7 +476,7 @@ class Transformer(nnx.Module):
                 jnp.ones((D,), dt),
                 Attention(**{name: value[i] for name, value in attn.items()}),
                 jnp.ones((D,), dt),
-                feed_forward(sparse[i]),
+                feed_forward(i),
             )
             for i in range(L)
         ])
