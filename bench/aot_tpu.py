@@ -64,7 +64,7 @@ from spade_jax.models.config import ModelConfig  # noqa: E402
 from spade_jax.models.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
 from spade_jax.models.policy import Policy, abstract_model  # noqa: E402
 from spade_jax.models.sharding import TRAIN_RULES, logical_to_spec, make_mesh, param_shardings  # noqa: E402
-from spade_jax.rl.batch import TrainSequence, pack  # noqa: E402
+from spade_jax.rl.batch import TrainSequence, bucket_rows, pack  # noqa: E402
 from spade_jax.rl.train import Trainer, make_optimizer  # noqa: E402
 from spade_jax.sampling import engine as engine_lib  # noqa: E402
 from spade_jax.sampling.batching import bucket  # noqa: E402
@@ -145,8 +145,7 @@ def update_rows(c, data_parallel: int) -> int:
     episodes = envs * c.agent.episodes_per_env * (2 if c.agent.train_hinted else 1)
     per_row = max(1, c.rl.row_length // c.agent.context_budget)
     rows = c.designer.num_slots + -(-episodes // per_row)
-    multiple = math.lcm(data_parallel, c.rl.micro_batch_rows or 1)
-    return -(-(1 << (rows - 1).bit_length()) // multiple) * multiple
+    return bucket_rows(rows, math.lcm(data_parallel, c.rl.micro_batch_rows or 1))
 
 
 @dataclasses.dataclass

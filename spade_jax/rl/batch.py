@@ -68,7 +68,8 @@ class TrainBatch:
 ROLE_IDS = {"designer": 1, "agent": 2}
 
 
-def _bucket_rows(n: int, multiple: int) -> int:
+def bucket_rows(n: int, multiple: int) -> int:
+    """Rows `pack` gives `n` packed rows: the next power of two, rounded up to `multiple`."""
     rows = max(n, 1)
     rows = 1 << (rows - 1).bit_length()
     return -(-rows // multiple) * multiple
@@ -92,7 +93,7 @@ def pack(sequences: list[TrainSequence], row_length: int, row_multiple: int = 1)
             rows.append([i])
             free.append(row_length - n)
 
-    R, T = _bucket_rows(len(rows), row_multiple), row_length
+    R, T = bucket_rows(len(rows), row_multiple), row_length
     out = {
         "tokens": np.zeros((R, T), np.int32),
         "positions": np.zeros((R, T), np.int32),
