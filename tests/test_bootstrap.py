@@ -20,6 +20,7 @@ from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.bootstrap import build as bootstrap
 from spade_jax.bootstrap import data
+from spade_jax.rl.batch import TrainSequence
 
 TINY = bootstrap.BootstrapConfig(
     num_programs=12, agent_seeds=1, vocab_size=768, hidden_size=64, intermediate_size=128, num_layers=1,
@@ -109,6 +110,35 @@ def test_hinted_transcripts_carry_the_whole_plan_on_seeds_disjoint_from_the_plai
         data.play_solutions(pool, [programs[0].code], [0, 1], [1], max_turns=8)
 
 
+def test_a_hint_drill_relabels_every_action_value_and_its_plan_alike():
+    hinted = data.Transcript(
+        "p", 2, ("You buy 2 bread. Total?", "One bread costs 6 coins.", "Tea is at (3, 4)."),
+        ('<tool_call>{"name": "price", "arguments": {"item": "bread", "qty": 12}}</tool_call>',
+         '<tool_call>{"name": "locate", "arguments": {"city": "Tea", "item": "bread"}}</tool_call>',
+         "<answer>bread 37</answer>"), hint="the original plan")
+    words = data.action_words([hinted])
+    assert words == ["Tea", "bread"]  # tool and key names are form, not values
+    drill = data.hint_drill(hinted, ["rice", "milk", "Lima"], random.Random(0))
+    assert drill.observations == hinted.observations and drill.seed == hinted.seed
+    assert drill.hint == SOLUTION_HINT_PREFIX + " ".join(f"{k}) {a}" for k, a in enumerate(drill.actions, 1))
+    first, second, answer = drill.actions
+    item = first.split('"item": "')[1].split('"')[0]
+    city = second.split('"city": "')[1].split('"')[0]
+    qty = first.split('"qty": ')[1].split("}")[0]
+    # the same value is relabelled the same way everywhere; two values never become one word
+    assert second.endswith(f'"item": "{item}"}}}}</tool_call>') and answer.startswith(f"<answer>{item} ")
+    assert item in {"rice", "milk", "Lima"} and city in {"rice", "milk", "Lima"} and item != city
+    assert len(qty) == 2 and qty[0] != "0" and len(answer.split()[1].removesuffix("</answer>")) == 2
+    assert first.startswith('<tool_call>{"name": "price", "arguments": {"item": "')
+    assert second.startswith('<tool_call>{"name": "locate", "arguments": {"city": "')
+    # capital letters are relabelled one by one, consistently
+    boxed = data.Transcript("k", 3, ("Pack items.",), (r"\boxed{BCB}",), hint="x")
+    letters = [data.hint_drill(boxed, [], random.Random(seed)).actions[0] for seed in range(20)]
+    assert all(a[7] == a[9] and len(a) == len(r"\boxed{BCB}") for a in letters) and len(set(letters)) > 10
+    with pytest.raises(ValueError, match="hinted"):
+        data.hint_drill(dataclasses.replace(hinted, hint=None), words, random.Random(0))
+
+
 def test_designer_answers_are_not_variants_of_an_exemplar_the_prompt_shows():
     prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=3)
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
@@ -191,6 +221,26 @@ def test_bootstrap_trains_caches_and_retrains_on_a_config_change(tmp_path, monke
     with pytest.raises(AssertionError):
         bootstrap.bootstrap_policy(tmp_path, changed, progress=False)
     assert built == [changed]
+
+
+def test_rows_mix_fresh_hint_drills_into_the_agent_transcripts_and_a_long_one_stops_none():
+    def seq(token, n):
+        return TrainSequence(np.full(n, token, np.int32), np.ones(n, bool), np.zeros(n, np.float32), 0.0)
+
+    designer = [seq(1, 20)]  # one per row of 32, leaving room for two 6-token transcripts
+    agent = [seq(2, 6), seq(4, 30), seq(3, 6)]  # 30 tokens fit no row beside a designer example
+    for share, expected in ((0.0, {2, 3}), (1.0, set(range(100, 10_000))), (0.5, None)):
+        drills = (seq(100 + k, 6) for k in range(10_000))
+        cfg = bootstrap.BootstrapConfig(rows=2, row_length=32, hint_drill_share=share)
+        batches = bootstrap._batches(designer, agent, drills, cfg, np.random.default_rng(0))
+        seen = [int(tokens[segments == k][0]) for batch in (next(batches) for _ in range(50))
+                for tokens, segments in zip(batch.tokens_RT, batch.segment_ids_RT)
+                for k in np.unique(segments) if k > 0 and tokens[segments == k][0] > 1]
+        if expected is None:  # about half drills, each drawn once
+            drilled = [t for t in seen if t >= 100]
+            assert 0.35 < len(drilled) / len(seen) < 0.65 and len(set(drilled)) == len(drilled)
+        else:
+            assert set(seen) <= expected and len(seen) == 50 * 2 * 2  # every row is filled
 
 
 def test_compile_warm_up_leaves_the_initial_state_untouched():

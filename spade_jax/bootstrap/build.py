@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import jax
 import numpy as np
@@ -60,6 +61,7 @@ from spade_jax.bootstrap import data, variants
 BOOTSTRAP_VERSION = "3"  # 2: parameters per layer (layers/{i}/...); 3: weights stored (out, in)
 TOKENIZER_SYMBOLS = ("<tool_call>", "</tool_call>", "<answer>", "</answer>", "\\boxed{")
 _DONE = "DONE"
+_MISSES_PER_BATCH = 4  # agent transcripts that did not fit, after which a training batch is full
 # How prompts, exemplars, conversations and chat templates are rendered: part of the cache key.
 _RENDERING_MODULES = (spade_jax.designer.prompts, spade_jax.designer.memory, spade_jax.agent.conversation,
                       spade_jax.models.tokenizer)
@@ -84,7 +86,12 @@ class BootstrapConfig:
     ``max_similarity``) and kept only when admitted against the seed sources with
     ``novelty_threshold``; solution plays of each on ``agent_seeds`` seeds plain and on as
     many other seeds hinted (a transcript per won play) with ``agent_max_turns`` (the
-    preset's agent max_turns).
+    preset's agent max_turns). A share ``hint_drill_share`` of the agent transcripts in
+    the rows can be hint drills (`data.hint_drill`: a hinted transcript relabelled at
+    random, so only its plan predicts its actions), drawn fresh each time so that none
+    repeats and copying the plan is the only way to predict them. Off by default: at 600
+    steps, shares 0.5 and 0.75 taught the plan's form, not its content, and cut the sampled
+    hinted win rate at iteration 0 (bench/RESULTS.md, 2026-12-02, hint drills).
     Model: Llama family, SentencePiece with ``vocab_size`` pieces of up to
     ``max_piece_chars`` characters (whole code lines become single tokens), untied embeddings.
     Training: ``steps`` AdamW steps of ``rows`` packed rows of ``row_length`` tokens
@@ -103,6 +110,7 @@ class BootstrapConfig:
     novelty_threshold: float = 0.85
     agent_seeds: int = 2
     agent_max_turns: int = 8
+    hint_drill_share: float = 0.0
     vocab_size: int = 8192
     max_piece_chars: int = 64
     hidden_size: int = 256
@@ -281,6 +289,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
 
         designer_seqs = [data.designer_sequence(tokenizer, m, c) for m, c in designer]
         agent_seqs = [data.agent_sequence(tokenizer, t) for t in transcripts]
+        drills = _drills(tokenizer, [t for t in transcripts if t.hint], random.Random(cfg.seed + 1))
         stats["sequences"] = {
             "designer": _summary([len(s.tokens) for s in designer_seqs]),
             "designer_answer": _summary([int(s.loss_mask.sum()) for s in designer_seqs]),
@@ -293,7 +302,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
                                  f"{cfg.row_length}; raise it or shorten the prompts")
 
         clock = time.perf_counter()
-        losses = _train(trainer, designer_seqs, agent_seqs, cfg, np_rng, progress, stats)
+        losses = _train(trainer, designer_seqs, agent_seqs, drills, cfg, np_rng, progress, stats)
         timings["train_s"] = time.perf_counter() - clock
         stats["loss"] = {"first": losses[0], "last": losses[-1], "curve": losses}
 
@@ -352,9 +361,17 @@ def _compile(trainer: Trainer, cfg: BootstrapConfig) -> None:
     trainer.load_state_dict({**restored, "step": initial["step"]})
 
 
-def _train(trainer: Trainer, designer: list[TrainSequence], agent: list[TrainSequence], cfg: BootstrapConfig,
-           rng: np.random.Generator, progress: bool, stats: dict) -> list[float]:
-    batches = _batches(designer, agent, cfg, rng)
+def _drills(tokenizer, hinted: list[data.Transcript], rng: random.Random) -> Iterator[TrainSequence]:
+    """Endless fresh hint drills of the ``hinted`` transcripts, as training sequences."""
+    words = data.action_words(hinted)
+    while hinted:
+        yield data.agent_sequence(tokenizer, data.hint_drill(rng.choice(hinted), words, rng))
+
+
+def _train(trainer: Trainer, designer: list[TrainSequence], agent: list[TrainSequence],
+           drills: Iterator[TrainSequence], cfg: BootstrapConfig, rng: np.random.Generator, progress: bool,
+           stats: dict) -> list[float]:
+    batches = _batches(designer, agent, drills, cfg, rng)
     held_out = next(batches)  # never trained on: per-role losses are measured on it
     losses, tokens, train_time = [], 0, 0.0
     stats["held_out_nll"] = []
@@ -389,27 +406,43 @@ def _role_nll(trainer: Trainer, batch: TrainBatch) -> dict[str, float]:
     return out
 
 
-def _batches(designer: list[TrainSequence], agent: list[TrainSequence], cfg: BootstrapConfig,
-             rng: np.random.Generator):
-    """Batches of exactly ``cfg.rows`` rows: one designer example per row, agent transcripts filling the rest."""
+def _batches(designer: list[TrainSequence], agent: list[TrainSequence], drills: Iterator[TrainSequence],
+             cfg: BootstrapConfig, rng: np.random.Generator):
+    """Batches of exactly ``cfg.rows`` rows: ``cfg.rows`` designer examples, then agent transcripts (each a
+    fresh hint drill with probability ``cfg.hint_drill_share``) for as long as first-fit-decreasing
+    packing keeps them in ``cfg.rows`` rows, until `_MISSES_PER_BATCH` do not fit. A transcript that
+    does not fit is tried first in the next batch and dropped if it does not fit there either, so a
+    long transcript never stops the others."""
     designer = [s for s in designer if len(s.tokens) <= cfg.row_length]
     agent_order = list(rng.permutation(len(agent))) if agent else []
     cursor = 0
+
+    def next_transcript() -> TrainSequence | None:
+        nonlocal cursor
+        drill = next(drills, None) if rng.random() < cfg.hint_drill_share else None
+        if drill is not None or not agent_order:
+            return drill
+        cursor += 1
+        return agent[agent_order[(cursor - 1) % len(agent_order)]]
+
+    waiting: list[TrainSequence] = []
     for start in range(0, 10**9, cfg.rows):
         members = [designer[(start + k) % len(designer)] for k in range(cfg.rows)]
-        for row in list(members):
-            free = cfg.row_length - len(row.tokens)
-            for _ in range(len(agent_order)):
-                candidate = agent[agent_order[cursor % len(agent_order)]]
-                if len(candidate.tokens) > free:
-                    break
-                members.append(candidate)
-                free -= len(candidate.tokens)
-                cursor += 1
         batch = pack(members, cfg.row_length)
-        while batch.num_rows > cfg.rows:
-            members.pop()
-            batch = pack(members, cfg.row_length)
+        retry, waiting, misses = waiting, [], 0
+        while misses < _MISSES_PER_BATCH:
+            retried = bool(retry)
+            candidate = retry.pop() if retried else next_transcript()
+            if candidate is None:
+                break
+            trial = pack(members + [candidate], cfg.row_length)
+            if trial.num_rows <= cfg.rows:
+                members.append(candidate)
+                batch = trial
+            else:
+                misses += 1
+                if not retried:
+                    waiting.append(candidate)
         yield batch
 
 

@@ -10,8 +10,10 @@ own `solution()` actions and whose observations come from really playing it in t
 sandbox; hinted transcripts carry the `solution` hint (the whole plan) in the first
 observation, as the rollout shows it, and are played on seeds disjoint from the plain
 ones, so the actions of a hinted transcript are learnable from its hint and not from a
-plain transcript of the same instance. Only the assistant's tokens (and its end-of-turn
-token) are trained.
+plain transcript of the same instance. Hint drills (`hint_drill`) relabel a hinted
+transcript's values at random in its actions and its plan alike, so that only the plan
+predicts them: the examples that teach the policy to read a hint. Only the assistant's
+tokens (and its end-of-turn token) are trained.
 
 JAX-free: numpy, the designer and agent helpers and the sandbox client.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
+import string
 from typing import Sequence
 
 import numpy as np
@@ -180,6 +184,54 @@ def play_solutions(pool: SandboxPool, programs: Sequence[str], plain_seeds: Sequ
     return [Transcript(specs[i].program, specs[i].seed, tuple(observations[i]), tuple(actions[i]),
                        solution_hint(solutions[i]) if specs[i].seed in hinted_set else None)
             for i in live if won.get(i)]
+
+
+# The values an action carries: JSON argument values (strings or integers, not the tool's
+# name), an <answer> and a \boxed{} answer. Everything else in an action is its form.
+_ACTION_VALUE = re.compile(r'(?<!"name": )(?<=": )"[^"]*"|(?<=": )-?\d+|(?<=<answer>).*?(?=</answer>)'
+                           r'|(?<=\\boxed\{)[^}]*(?=\})')
+_WORD = re.compile(r"[A-Za-z]+|\d+")
+
+
+def action_words(transcripts: Sequence[Transcript]) -> list[str]:
+    """The distinct words inside the values of ``transcripts``' actions (letters only, not a run
+    of up to four capitals, which `hint_drill` relabels letter by letter)."""
+    words = {word for t in transcripts for action in t.actions for value in _ACTION_VALUE.findall(action)
+             for word in _WORD.findall(value) if word.isalpha() and not (word.isupper() and len(word) <= 4)}
+    return sorted(words)
+
+
+def hint_drill(transcript: Transcript, words: Sequence[str], rng: random.Random) -> Transcript:
+    """A hinted transcript whose action values are relabelled at random, the plan with them.
+
+    Every letter-or-digit run inside an action's values (`_ACTION_VALUE`) is replaced, the
+    same run the same way throughout the transcript: a number by a random number of as many
+    digits, a run of capitals of up to four letters letter by letter, a word by one of
+    ``words``. The observations stay as played, so they no longer determine the actions:
+    the hint's plan is the only thing that predicts them, and training on drills rewards
+    copying action k of the plan at turn k, whatever the plan says.
+    """
+    if transcript.hint is None:
+        raise ValueError("hint_drill needs a hinted transcript")
+    mapping: dict[str, str] = {}
+
+    def relabel(word: str) -> str:
+        if word not in mapping:
+            if word.isdigit():
+                mapping[word] = str(rng.randrange(10 ** (len(word) - 1) if len(word) > 1 else 0, 10 ** len(word)))
+            elif word.isupper() and len(word) <= 4:
+                mapping[word] = "".join(relabel(letter) if len(word) > 1 else rng.choice(string.ascii_uppercase)
+                                        for letter in word)
+            else:
+                unused = [w for w in words if w not in mapping.values()]
+                mapping[word] = rng.choice(unused) if unused else word
+        return mapping[word]
+
+    def relabel_value(match: re.Match) -> str:
+        return _WORD.sub(lambda word: relabel(word.group()), match.group())
+
+    actions = tuple(_ACTION_VALUE.sub(relabel_value, action) for action in transcript.actions)
+    return dataclasses.replace(transcript, actions=actions, hint=solution_hint("\n".join(actions)))
 
 
 def designer_sequence(tokenizer, messages: list[dict], code: str) -> TrainSequence:
