@@ -46,7 +46,12 @@ def get_config(arg=None):
     c.designer.prompt.update(dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
     c.hints.mode = "solution"
-    c.admission.novelty_threshold = boot.novelty_threshold
+    # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
+    # repertoire is its 48 training renderings, and at its own 0.85 an untrained designer's
+    # admission falls to 1-3 of 8 by the second design round from repeats alone, at 1.0 it stays
+    # at 5-7 (bench/designer_repeats.py, bench/RESULTS.md 2026-12-02). The reference has no
+    # novelty stage at all.
+    c.admission.novelty_threshold = 1.0
 
     c.designer.num_slots = 8
     c.designer.max_new_tokens = 400
