@@ -13,15 +13,18 @@ final action alone, which carries the answer) with the first observation followe
 
 A policy that uses the hint scores `plan` far below `none`, and `wrong` above it; one that
 ignores it scores the four alike. Programs are split into those whose family the tiny
-bootstrap trains on and the held-out rest.
+bootstrap trains on and the held-out rest. ``--drills N`` adds a row of N hint drills per
+play of the trained families (`bootstrap.data.hint_drill`: values relabelled at random, so
+only the plan predicts them; `wrong` is the next drill's plan): the purest test of copying.
 
-    python bench/hint_use.py --load /work/study/bootstrap/bootstrap-<key>
+    python bench/hint_use.py --load /work/study/bootstrap/bootstrap-<key> [--drills 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import sys
 from pathlib import Path
 
@@ -65,6 +68,8 @@ def main() -> None:
     parser.add_argument("--load", required=True, help="a finished bootstrap directory")
     parser.add_argument("--seeds", default="100,101,102,103", help="instances to play (none a bootstrap seed)")
     parser.add_argument("--max_turns", type=int, default=8)
+    parser.add_argument("--drills", type=int, default=0, help="hint drills per play of the trained families")
+    parser.add_argument("--drill_seed", type=int, default=0)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if len(seeds) < 2:
@@ -87,15 +92,27 @@ def main() -> None:
                 by_program.setdefault(play.program, []).append(play)
             pairs = [(t, runs[(i + 1) % len(runs)]) for runs in by_program.values() if len(runs) > 1
                      for i, t in enumerate(runs)]
-            cells = []
-            for condition in CONDITIONS:
-                sequences = [data.agent_sequence(policy.tokenizer, dataclasses.replace(t, hint=_hint(condition, t, o)))
-                             for t, o in pairs]
-                row_length = max(len(s.tokens) for s in sequences)
-                every = _mean_nll(trainer, sequences, row_length)
-                last = _mean_nll(trainer, [_last_action_only(s) for s in sequences], row_length)
-                cells.append(f"{every:.3f} ({last:.3f})")
-            print(f"| {group} ({len(by_program)}) | {len(pairs)} | " + " | ".join(cells) + " |", flush=True)
+            print(f"| {group} ({len(by_program)}) | {len(pairs)} | {_cells(trainer, policy, pairs)} |", flush=True)
+            if args.drills and group == "trained families":
+                rng = random.Random(args.drill_seed)
+                words = data.action_words(plays)
+                drills = [data.hint_drill(dataclasses.replace(t, hint=_hint("plan", t, t)), words, rng)
+                          for t in plays for _ in range(args.drills)]
+                pairs = list(zip(drills, drills[1:] + drills[:1]))
+                print(f"| hint drills of those | {len(pairs)} | {_cells(trainer, policy, pairs)} |", flush=True)
+
+
+def _cells(trainer: Trainer, policy, pairs) -> str:
+    """The table cells of each condition for (transcript, other instance) ``pairs``."""
+    cells = []
+    for condition in CONDITIONS:
+        sequences = [data.agent_sequence(policy.tokenizer, dataclasses.replace(t, hint=_hint(condition, t, o)))
+                     for t, o in pairs]
+        row_length = max(len(s.tokens) for s in sequences)
+        every = _mean_nll(trainer, sequences, row_length)
+        last = _mean_nll(trainer, [_last_action_only(s) for s in sequences], row_length)
+        cells.append(f"{every:.3f} ({last:.3f})")
+    return " | ".join(cells)
 
 
 if __name__ == "__main__":
