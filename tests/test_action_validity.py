@@ -1,17 +1,6 @@
 """bench/action_validity.py: accepted actions counted from hand-written evaluation rows."""
 
-import importlib.util
 import json
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("action_validity", REPO / "bench" / "action_validity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _row(group, end, solved, *turns):
@@ -23,7 +12,8 @@ def _row(group, end, solved, *turns):
     return {"group": group, "solved": solved, "details": {"end": end}, "output": chat}
 
 
-def test_rejections_count_against_a_family_and_an_unanswered_last_action_is_not_judged(tmp_path):
+def test_rejections_count_against_a_family_and_an_unanswered_last_action_is_not_judged(tmp_path, bench_script):
+    validity = bench_script("action_validity")
     rows = [
         _row("walk", "truncated", False, ("\\boxed{A}", "Invalid action. Reply with up."),
              ("\\boxed{up}", "You moved."), ("\\boxed{up}", None)),
@@ -31,8 +21,8 @@ def test_rejections_count_against_a_family_and_an_unanswered_last_action_is_not_
         _row("lookup", "terminated", False, ("<tool_call>{}", "Error: unknown tool 'x'."),
              ("<answer>3</answer>", None)),
     ]
-    counts = _module().family_counts(rows)
+    counts = validity.family_counts(rows)
     assert counts == {"lookup": (2, 1, 1, 0), "walk": (3, 2, 2, 1)}
     path = tmp_path / "envs.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    assert "accepted 3/5 actions (0.600), solved 1/3 episodes" in _module().report(path)
+    assert "accepted 3/5 actions (0.600), solved 1/3 episodes" in validity.report(path)

@@ -1,18 +1,8 @@
 """bench/learning_study.py's report: its numbers from hand-written run metrics."""
 
-import importlib.util
 import json
 import types
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _study_module():
-    spec = importlib.util.spec_from_file_location("learning_study", REPO / "bench" / "learning_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_run(path: Path, rows: list[dict]) -> None:
@@ -20,8 +10,8 @@ def _write_run(path: Path, rows: list[dict]) -> None:
     (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
-    study = _study_module()
+def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, bench_script):
+    study = bench_script("learning_study")
     key = "eval/envs-2-programs/score"
     (tmp_path / "initial" / "evals" / "initial").mkdir(parents=True)
     (tmp_path / "initial" / "evals" / "initial" / "envs.json").write_text(json.dumps({"score": 0.25}))
@@ -50,8 +40,8 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     assert (tmp_path / "study" / "env_regret_mean.png").exists()
 
 
-def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch):
-    study = _study_module()
+def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch, bench_script):
+    study = bench_script("learning_study")
     ran = []
     monkeypatch.setattr(study, "run_study", lambda args, preset: ran.append(args.arms))
     monkeypatch.setattr(study, "_preset", lambda spec: None)
