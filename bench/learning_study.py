@@ -27,7 +27,7 @@ mean ± half the min-max spread over seeds: the held-out score at iteration 0 an
 admission rate, regret, the unclipped hinted - plain gap and designer reward over the run,
 and plots their curves per iteration.
 
-    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, 6 arms
+    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, all 8 arms
     python bench/learning_study.py --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
     for arm in spade calibration; do python bench/learning_study.py --study_dir /tmp/study --arms $arm --no_report & done
     python bench/learning_study.py --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
