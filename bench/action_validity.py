@@ -4,8 +4,9 @@ An environment evaluation (``spade_jax.evals`` with an ``envs:`` suite) writes o
 episode with its chat. A zero score can mean the agent reasoned wrongly or that it never said a
 move the game understands; this separates the two. An action counts as judged when the
 environment answered it, or when it ended the episode (a final answer); it is accepted unless
-the answer starts with "Invalid" (the seed library's games) or "Error" (its tool environments).
-The last action of a truncated episode has no answer and is not judged.
+the answer rejects it as procedure memory reads observations (`procedures.observation_stage`:
+"Invalid ...", "Error ..." and the like). The last action of a truncated episode has no answer
+and is not judged.
 
     python bench/action_validity.py WORKDIR/evals/initial/envs-11-programs.jsonl WORKDIR/evals/10/envs-11-programs.jsonl
 """
@@ -17,7 +18,7 @@ import collections
 import json
 from pathlib import Path
 
-REJECTIONS = ("Invalid", "Error")
+from spade_jax.agent.procedures import observation_stage
 
 
 def family_counts(rows: list[dict]) -> dict[str, tuple[int, int, int, int]]:
@@ -29,7 +30,7 @@ def family_counts(rows: list[dict]) -> dict[str, tuple[int, int, int, int]]:
             if message["role"] != "assistant":
                 continue
             if index + 1 < len(chat):
-                accepted = not chat[index + 1]["content"].startswith(REJECTIONS)
+                accepted = observation_stage(chat[index + 1]["content"]) != "error"
             elif row["details"].get("end") == "terminated":
                 accepted = True
             else:
