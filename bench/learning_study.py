@@ -21,6 +21,10 @@ Arms (``--arms``, default all):
   procedures    SPADE with the agent's procedure memory (ProPlay: preplay guidance from won plays, also
                 in the held-out evaluation)
 
+``--agent_token_budget N`` gives every run the same agent compute: a run ends once its agent
+has generated N tokens (`config.agent_token_budget`), ``--iterations`` becoming the most it may
+take, so an arm whose plays are short runs more iterations.
+
 The report (``--report``, default ``bench/learning_study.md``, PNGs beside it) gives per arm,
 mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end
 (greedy, and sampled where the preset sets ``eval.sampled_temperature``),
@@ -104,6 +108,7 @@ def _run(cmd: list[str], log: Path) -> None:
 
 def run_study(args, preset) -> None:
     common = [f"--config={args.preset}", f"--config.num_iterations={args.iterations}",  # --config first
+              f"--config.agent_token_budget={args.agent_token_budget}",
               f"--config.bootstrap.cache_dir={args.study_dir / 'bootstrap'}", *args.override]
     initial = args.study_dir / "initial"
     if not list(initial.glob("evals/initial/*.json")) and preset.eval.suites:
@@ -112,9 +117,10 @@ def run_study(args, preset) -> None:
     for arm in args.arms:
         for seed in args.seeds:
             workdir = args.study_dir / arm / f"seed{seed}"
-            done = sum(1 for row in _rows(workdir) if "iteration" in row)
-            if done >= args.iterations:
-                print(f"{arm} seed {seed}: finished ({done} iterations)", flush=True)
+            rows = [row for row in _rows(workdir) if "iteration" in row]
+            tokens = sum(row.get("agent/generated_tokens", 0) for row in rows)
+            if len(rows) >= args.iterations or (args.agent_token_budget and tokens >= args.agent_token_budget):
+                print(f"{arm} seed {seed}: finished ({len(rows)} iterations, {tokens} agent tokens)", flush=True)
                 continue
             _run([sys.executable, "-m", "spade_jax.main", *common, f"--workdir={workdir}", f"--config.seed={seed}",
                   *_arm_flags(arm, preset, args)], workdir / "log.txt")
@@ -143,7 +149,10 @@ def _mean_spread(values: list[float]) -> str:
 
 def report(args) -> str:
     initial = _initial_heldout(args.study_dir)
-    lines = [f"# Learning study ({args.preset}, {args.iterations} iterations, seeds {args.seeds})", "",
+    length = f"{args.iterations} iterations"
+    if args.agent_token_budget:
+        length = f"{args.agent_token_budget} agent tokens, at most {args.iterations} iterations"
+    lines = [f"# Learning study ({args.preset}, {length}, seeds {args.seeds})", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M')} by `python bench/learning_study.py --study_dir "
              f"{args.study_dir}`. Values: mean over seeds ± half the min-max spread; run means are over "
              "the iterations that report the metric.", "",
@@ -259,7 +268,10 @@ def main() -> None:
     parser.add_argument("--preset", default="configs/tiny.py")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="iterations per run; with --agent_token_budget, the most a run may take")
+    parser.add_argument("--agent_token_budget", type=int, default=0,
+                        help="> 0: every run ends once its agent generated this many tokens (equal agent compute)")
     parser.add_argument("--fixed_pool_envs", type=int, default=8)
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     parser.add_argument("--report", type=Path, default=REPO / "bench" / "learning_study.md")

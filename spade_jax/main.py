@@ -30,7 +30,7 @@ flags.DEFINE_bool("allow_config_change", False, "Resume a workdir whose saved co
 flags.DEFINE_bool("library_logs", False, "Also show INFO logs of orbax and tensorflow_datasets (very chatty).")
 
 # Fields a resumed run may change without --allow_config_change.
-_RESUMABLE_CHANGES = ("num_iterations", "log", "checkpoint")
+_RESUMABLE_CHANGES = ("num_iterations", "agent_token_budget", "log", "checkpoint")
 
 
 def _init_distributed() -> None:

@@ -24,7 +24,8 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
         ])
         _write_run(tmp_path / "placebo" / f"seed{seed}", [{"iteration": 0, "env/regret_mean": 0.05 * (seed + 1)}])
     args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=2, seeds=[0, 1],
-                                 arms=["spade", "placebo", "frozen"], report=tmp_path / "study.md")
+                                 arms=["spade", "placebo", "frozen"], report=tmp_path / "study.md",
+                                 agent_token_budget=0)
     text = study.report(args)
     spade_row = next(line for line in text.splitlines() if line.startswith("| spade |"))
     # held-out at the end (0.5, 0.125); admission run means (0.75, 0.5); regret (0.3, 0.1); tokens 150 each
@@ -50,3 +51,18 @@ def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch, bench
                                      "--report", str(report), "--no_report"])
     study.main()
     assert ran == [["spade"]] and not report.exists()
+
+
+def test_a_token_budget_reaches_every_run_and_a_run_that_spent_it_is_finished(tmp_path, monkeypatch, bench_script):
+    study = bench_script("learning_study")
+    commands = []
+    monkeypatch.setattr(study, "_run", lambda cmd, log: commands.append(cmd))
+    spent = [{"iteration": 0, "agent/generated_tokens": 60}, {"iteration": 1, "agent/generated_tokens": 50}]
+    _write_run(tmp_path / "spade" / "seed0", spent)  # 110 tokens in 2 of 10 iterations: finished at 100
+    _write_run(tmp_path / "spade" / "seed1", spent[:1])  # 60 tokens: resumed
+    args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=10, seeds=[0, 1],
+                                 arms=["spade"], agent_token_budget=100, override=[], fixed_pool_envs=8)
+    study.run_study(args, types.SimpleNamespace(eval=types.SimpleNamespace(suites="")))
+    (command,) = commands
+    assert f"--workdir={tmp_path / 'spade' / 'seed1'}" in command
+    assert "--config.agent_token_budget=100" in command and "--config.num_iterations=10" in command

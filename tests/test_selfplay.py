@@ -381,3 +381,53 @@ def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):
     finally:
         run.close()
     assert len(names) == 15 and not any("tallest" in n or "shopping" in n for n in names), names
+
+
+def test_an_agent_token_budget_ends_the_run_evaluates_its_last_iteration_and_resumes(
+        tmp_path, small_tokenizer, canned_sampler, random_selfplay, monkeypatch):
+    from spade_jax.envs import library
+
+    sample = canned_sampler(small_tokenizer.encode("<answer>1</answer>"))
+    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=sample, **k))
+    evaluated = []
+    monkeypatch.setattr(loop.SelfPlay, "_evaluate", lambda self, step: evaluated.append(step) or {})
+
+    def configure(budget):
+        def edit(c):
+            c.num_iterations = 10
+            c.agent_token_budget = budget
+            c.eval.suites = f"envs:{library.source_path('arithmetic')}"
+            c.eval.every = 5
+        return edit
+
+    run = random_selfplay(tmp_path, configure(1))
+    try:
+        (metrics,) = run.run()
+    finally:
+        run.close()
+    per_iteration = metrics["agent/generated_tokens"]
+    assert per_iteration > 0 and evaluated == [1]  # the budget's last iteration, not a multiple of eval.every
+    again = random_selfplay(tmp_path, configure(1))
+    try:
+        assert len(again.run()) == 1 and evaluated == [1]  # restored at the budget: nothing left to run
+    finally:
+        again.close()
+    # A larger budget resumes the run; it stops at the first iteration that reaches the budget.
+    larger = random_selfplay(tmp_path, configure(2 * per_iteration + 1))
+    try:
+        history = larger.run()
+        spent = larger.agent_tokens()
+    finally:
+        larger.close()
+    assert len(history) == 3 and spent >= 2 * per_iteration + 1 > spent - history[-1]["agent/generated_tokens"]
+    assert evaluated == [1, 3]
+
+
+def test_a_negative_agent_token_budget_is_refused():
+    from spade_jax.selfplay.config import validate
+
+    c = base_config()
+    c.model.source = "random"
+    c.agent_token_budget = -1
+    with pytest.raises(ValueError, match="config.agent_token_budget: must be >= 0"):
+        validate(c, 1)

@@ -98,6 +98,9 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.num_iterations = 10
+    # > 0: the run also ends once the agent has generated this many tokens (plain and hinted
+    # plays); the iteration that reaches it is evaluated. Equal agent compute across ablations.
+    c.agent_token_budget = 0
 
     c.model = ml_collections.ConfigDict()
     c.model.source = "pretrained"  # bootstrap | pretrained | random
@@ -284,6 +287,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     """Stops with one clear message for a config that makes no sense on `num_devices` devices."""
     if c.num_iterations < 0:
         _fail("num_iterations", f"must be >= 0, got {c.num_iterations}")
+    if c.agent_token_budget < 0:
+        _fail("agent_token_budget", f"must be >= 0 (0: no budget), got {c.agent_token_budget}")
     if c.model.source not in MODEL_SOURCES:
         _fail("model.source", f"must be one of {MODEL_SOURCES}, got {c.model.source!r}")
     if c.model.source == "pretrained" and not c.model.path:

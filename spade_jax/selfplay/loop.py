@@ -107,7 +107,8 @@ class SelfPlay:
     # ---- run, resume, save ------------------------------------------------------------------
 
     def run(self, num_iterations: int | None = None) -> list[dict]:
-        """Runs (or resumes) until `num_iterations`; returns the metric history."""
+        """Runs (or resumes) until `num_iterations`, or until the agent has generated
+        `agent_token_budget` tokens when that is set; returns the metric history."""
         total = self.config.num_iterations if num_iterations is None else num_iterations
         resumed = self.restore()
         metrics_writer = None
@@ -118,7 +119,7 @@ class SelfPlay:
             env_log.truncate_after(self.state.iteration - 1)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm) if _in_main_thread() else None
         try:
-            while self.state.iteration < total:
+            while self.state.iteration < total and not self.budget_spent():
                 snapshot = self._meta()
                 try:
                     metrics, env_records = self.iteration(self.state.iteration)
@@ -135,8 +136,12 @@ class SelfPlay:
                     if self.config.log.gallery:
                         write_gallery(self.workdir)
                     print(summary_line(it, metrics), flush=True)
-                if self.state.iteration % self.config.checkpoint.every == 0 or self.state.iteration == total:
+                if (self.state.iteration % self.config.checkpoint.every == 0 or self.state.iteration == total
+                        or self.budget_spent()):
                     self._save(self.state.iteration)
+                if self.main and self.budget_spent():
+                    print(f"agent token budget reached: {self.agent_tokens()} of {self.config.agent_token_budget} "
+                          f"tokens after {self.state.iteration} iterations", flush=True)
                 if self._preempted:
                     self._save(self.state.iteration)
                     self._announce_preemption()
@@ -150,6 +155,15 @@ class SelfPlay:
         if jax.process_count() > 1:
             print(f"process {jax.process_index()} state digest {self.state_digest()}", flush=True)
         return self.state.history
+
+    def agent_tokens(self) -> int:
+        """Tokens the agent generated over the run so far (its plays, plain and hinted)."""
+        return sum(int(m.get("agent/generated_tokens", 0)) for m in self.state.history)
+
+    def budget_spent(self) -> bool:
+        """Whether `agent_token_budget` (0: none) is used up: the run's equal-compute stop."""
+        budget = self.config.agent_token_budget
+        return bool(budget) and self.agent_tokens() >= budget
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -274,11 +288,14 @@ class SelfPlay:
             start = time.perf_counter()
             metrics.update(self._synthesize_trajectories(it))
             times["trajectories_s"] = time.perf_counter() - start
-        if self.eval_cfg.every and self.eval_cfg.specs and (it + 1) % self.eval_cfg.every == 0:
+        metrics["agent/generated_tokens"] = sum(int(t.loss_mask.sum()) for t in trajectories)
+        # The iteration that spends the token budget ends the run, so it is evaluated too.
+        budget = cfg.agent_token_budget
+        last = bool(budget) and self.agent_tokens() + metrics["agent/generated_tokens"] >= budget
+        if self.eval_cfg.every and self.eval_cfg.specs and ((it + 1) % self.eval_cfg.every == 0 or last):
             start = time.perf_counter()
             metrics.update(self._evaluate(it + 1))
             times["eval_s"] = time.perf_counter() - start
-        metrics["agent/generated_tokens"] = sum(int(t.loss_mask.sum()) for t in trajectories)
         generated = metrics["agent/generated_tokens"] + sum(len(d.tokens) for d in designs)
         sampling_time = times.get("design_s", 0.0) + times["hints_s"] + times["episodes_s"]
         metrics["sampler/tokens_per_s"] = generated / sampling_time if sampling_time else math.nan
