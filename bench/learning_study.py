@@ -147,14 +147,28 @@ def _mean_spread(values: list[float]) -> str:
     return f"{np.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f} (n={len(values)})"
 
 
+def _command(args) -> str:
+    """The command that runs this study's arms and seeds as they were run (the report's provenance)."""
+    flags = [f"--study_dir {args.study_dir}"]
+    if args.preset != "configs/tiny.py":
+        flags.append(f"--preset {args.preset}")
+    flags += [f"--arms {','.join(args.arms)}", f"--seeds {','.join(map(str, args.seeds))}",
+              f"--iterations {args.iterations}"]
+    if args.agent_token_budget:
+        flags.append(f"--agent_token_budget {args.agent_token_budget}")
+    if args.fixed_pool_envs != 8:
+        flags.append(f"--fixed_pool_envs {args.fixed_pool_envs}")
+    flags += [f"--override={o}" for o in args.override]
+    return "python bench/learning_study.py " + " ".join(flags)
+
+
 def report(args) -> str:
     initial = _initial_heldout(args.study_dir)
     length = f"{args.iterations} iterations"
     if args.agent_token_budget:
         length = f"{args.agent_token_budget} agent tokens, at most {args.iterations} iterations"
     lines = [f"# Learning study ({args.preset}, {length}, seeds {args.seeds})", "",
-             f"Written {time.strftime('%Y-%m-%d %H:%M')} by `python bench/learning_study.py --study_dir "
-             f"{args.study_dir}`. Values: mean over seeds ± half the min-max spread; run means are over "
+             f"Written {time.strftime('%Y-%m-%d %H:%M')} from the runs of `{_command(args)}`. Values: mean over seeds ± half the min-max spread; run means are over "
              "the iterations that report the metric.", "",
              f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
              "| arm | held-out at the end | sampled | admission | regret | gap | designer reward | agent tokens "
