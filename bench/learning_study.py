@@ -16,6 +16,8 @@ Arms (``--arms``, default all):
   no_memory     designer prompts without exemplars, novelty against the batch only
   no_corpus     designer prompts without a document
   placebo       hints of the same length that carry no information (the noise floor of regret)
+  resample      the hinted play is a second plain play with its own sampling noise (the regret
+                estimator's floor, with nothing new for the agent to read)
   calibration   SPADE with solver-relative difficulty calibration (EvoEnv: a level per design, rejected
                 when no level's greedy solve rate lies in the band) and mastered environments retired
   procedures    SPADE with the agent's procedure memory (ProPlay: preplay guidance from won plays, also
@@ -31,7 +33,7 @@ mean ± half the min-max spread over seeds: the held-out score at iteration 0 an
 admission rate, regret, the unclipped hinted - plain gap and designer reward over the run,
 and plots their curves per iteration.
 
-    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, all 8 arms
+    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, all 9 arms
     python bench/learning_study.py --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
     for arm in spade calibration; do python bench/learning_study.py --study_dir /tmp/study --arms $arm --no_report & done
     python bench/learning_study.py --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
@@ -60,6 +62,7 @@ ARMS = {
     "no_memory": ["--config.memory.enabled=False"],
     "no_corpus": ["--config.corpus.enabled=False"],
     "placebo": ["--config.hints.mode=placebo"],  # plus the preset's hint mode as placebo_of (below)
+    "resample": ["--config.hints.mode=resample"],
     "calibration": ["--config.calibration.enabled=True", "--config.calibration.retire_win_rate=0.75"],
     "procedures": ["--config.agent.procedure_memory.enabled=True"],
 }
@@ -220,8 +223,9 @@ def report(args) -> str:
 
 def _criteria(per_seed: dict[str, dict[int, dict]], initial: float | None) -> list[str]:
     """Per seed, the SPADE arm against the bar: admission through the run, regret against the
-    placebo arm's on the same seed, held-out score at the end against the initial policy's."""
-    spade, placebo = per_seed.get("spade", {}), per_seed.get("placebo", {})
+    placebo arm's on the same seed (and the resample arm's, the estimator's own floor), held-out
+    score at the end against the initial policy's."""
+    spade, placebo, resample = (per_seed.get(arm, {}) for arm in ("spade", "placebo", "resample"))
     if not spade:
         return []
 
@@ -230,11 +234,12 @@ def _criteria(per_seed: dict[str, dict[int, dict]], initial: float | None) -> li
 
     lines = ["", "SPADE against the bar, per seed (admission ≥ 0.5 at every design; regret above the "
              "placebo arm's; held-out at the end above the initial policy's):", "",
-             "| seed | lowest admission | regret | placebo regret | held-out at the end | initial |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| seed | lowest admission | regret | placebo regret | resample regret | held-out at the end | initial |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for seed, row in spade.items():
         lines.append(f"| {seed} | {fmt(row['admission_min'])} | {fmt(row['regret'])} | "
-                     f"{fmt(placebo.get(seed, {}).get('regret'))} | {fmt(row['end'])} | {fmt(initial)} |")
+                     f"{fmt(placebo.get(seed, {}).get('regret'))} | {fmt(resample.get(seed, {}).get('regret'))} | "
+                     f"{fmt(row['end'])} | {fmt(initial)} |")
     return lines
 
 

@@ -23,6 +23,11 @@ def test_each_hint_mode_gives_matched_plain_and_hinted_requests():
     assert [(r.hinted, r.hint, r.hint_from_solution) for r in placebo] == [
         (False, None, False), (True, "Read the task again.", False)]
 
+    resample = matched_requests(0, "code", [7, 8], "resample", hint="ignored")
+    assert [(r.seed, r.hinted, r.hint, r.hint_from_solution, r.placebo) for r in resample] == [
+        (7, False, None, False, False), (8, False, None, False, False),
+        (7, True, None, False, False), (8, True, None, False, False)]
+
     with pytest.raises(ValueError, match="hint mode"):
         matched_requests(0, "code", [7], "psychic")
 
@@ -72,6 +77,21 @@ def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_i
     placebo_hint = placebo.messages[1]["content"].split(HINT_SEPARATOR)[1]
     assert hint in informed.messages[1]["content"] and len(placebo_hint) == len(informed_hint)
     assert placebo_hint.startswith("Read the task again") and hint not in placebo.messages[1]["content"]
+
+
+def test_a_resampled_hinted_play_reads_exactly_what_its_plain_twin_reads(small_tokenizer, canned_sampler):
+    from spade_jax.agent import AgentConfig, play_episodes
+    from spade_jax.agent.rollout import HINT_SEPARATOR
+    from spade_jax.envs import library
+    from spade_jax.sandbox import SandboxConfig, SandboxPool
+
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer)
+    with SandboxPool(SandboxConfig(num_workers=1)) as pool:
+        plain, hinted = play_episodes(policy, pool, matched_requests(0, library.load_source("tallest"), [5], "resample"),
+                                      AgentConfig(max_turns=1, context_budget=4096),
+                                      sample=canned_sampler(small_tokenizer.encode("\\boxed{1}")))
+    assert (plain.hinted, hinted.hinted) == (False, True)
+    assert hinted.messages[:2] == plain.messages[:2] and HINT_SEPARATOR not in hinted.messages[1]["content"]
 
 
 def test_a_solution_hint_is_the_whole_plan_numbered_one_action_per_turn():

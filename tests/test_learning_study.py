@@ -23,8 +23,10 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
              "agent/generated_tokens": 50, key: end, "eval/envs-2-programs-sampled/score": end / 2},
         ])
         _write_run(tmp_path / "placebo" / f"seed{seed}", [{"iteration": 0, "env/regret_mean": 0.05 * (seed + 1)}])
+        if seed == 0:
+            _write_run(tmp_path / "resample" / "seed0", [{"iteration": 0, "env/regret_mean": 0.02}])
     args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=2, seeds=[0, 1],
-                                 arms=["spade", "placebo", "frozen"], report=tmp_path / "study.md",
+                                 arms=["spade", "placebo", "resample", "frozen"], report=tmp_path / "study.md",
                                  agent_token_budget=0, fixed_pool_envs=8, override=["--config.rl.lr=1e-3"])
     text = study.report(args)
     spade_row = next(line for line in text.splitlines() if line.startswith("| spade |"))
@@ -35,11 +37,12 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
     assert "150 ± 0 (n=2)" in spade_row
     assert spade_row.split(" | ")[8] == "0.125 ± 0.125 (n=2)"  # plain win rate, run means 0.0 and 0.25
     assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
-    assert (f"`python bench/learning_study.py --study_dir {tmp_path} --arms spade,placebo,frozen --seeds 0,1 "
+    assert (f"`python bench/learning_study.py --study_dir {tmp_path} --arms spade,placebo,resample,frozen --seeds 0,1 "
             "--iterations 2 --override=--config.rl.lr=1e-3`") in text
-    # per seed: lowest admission, regret, the placebo's regret on the same seed, held-out end, initial
-    assert "| 0 | 0.500 | 0.300 | 0.050 | 0.500 | 0.250 |" in text
-    assert "| 1 | 0.250 | 0.100 | 0.100 | 0.125 | 0.250 |" in text
+    # per seed: lowest admission, regret, the placebo's and resample's regret on the same seed, held-out end,
+    # initial (no resample run for seed 1)
+    assert "| 0 | 0.500 | 0.300 | 0.050 | 0.020 | 0.500 | 0.250 |" in text
+    assert "| 1 | 0.250 | 0.100 | 0.100 | - | 0.125 | 0.250 |" in text
     assert (tmp_path / "study" / "env_regret_mean.png").exists()
 
 

@@ -13,6 +13,10 @@ Modes:
             by the same sampler call; `solution`: taken from `solution()`) each replaced by
             neutral advice of the same length (`rollout.placebo_hint`), so hinted plays differ
             from plain ones only by a prompt of the same size that carries no information.
+  resample  the estimator's own noise floor: each hinted play is a second plain play on the
+            same seed (no hint text, its own sampling randomness), so regret measures only
+            the noise of comparing K plays with K plays. Unlike `placebo` it changes nothing
+            the agent reads, which matters for a policy that a strange hint disturbs.
   none      no hints: hinted plays equal plain plays and regret is 0.
 
 The environment source the policy reads in mode `self` is designer-written, so it enters
@@ -33,7 +37,7 @@ from spade_jax.agent.rollout import EpisodeRequest, placebo_hint
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
-HINT_MODES = ("self", "solution", "placebo", "none")
+HINT_MODES = ("self", "solution", "placebo", "resample", "none")
 
 HINT_SYSTEM_PROMPT = "You write short hints for players of text environments."
 HINT_INSTRUCTIONS = (
@@ -102,7 +106,7 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
 
     Modes "self" and "placebo" (of "self") show ``hint`` (`write_hints`); mode "solution" has
     the rollout take the plan of the environment's `solution()` for the seed, and
-    "placebo" of "solution" a placebo of that hint's length.
+    "placebo" of "solution" a placebo of that hint's length; mode "resample" shows nothing.
     """
     if mode not in HINT_MODES:
         raise ValueError(f"hint mode {mode!r} is unknown; choose one of {HINT_MODES}")
