@@ -55,6 +55,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PRESET = "configs/tiny.py"
+DEFAULT_FIXED_POOL_ENVS = 8
 ARMS = {
     "spade": [],
     "fixed_pool": ["--config.designer.enabled=False"],  # plus --config.agent.replay_envs (below)
@@ -153,13 +155,13 @@ def _mean_spread(values: list[float]) -> str:
 def _command(args) -> str:
     """The command that runs this study's arms and seeds as they were run (the report's provenance)."""
     flags = [f"--study_dir {args.study_dir}"]
-    if args.preset != "configs/tiny.py":
+    if args.preset != DEFAULT_PRESET:
         flags.append(f"--preset {args.preset}")
     flags += [f"--arms {','.join(args.arms)}", f"--seeds {','.join(map(str, args.seeds))}",
               f"--iterations {args.iterations}"]
     if args.agent_token_budget:
         flags.append(f"--agent_token_budget {args.agent_token_budget}")
-    if args.fixed_pool_envs != 8:
+    if args.fixed_pool_envs != DEFAULT_FIXED_POOL_ENVS:
         flags.append(f"--fixed_pool_envs {args.fixed_pool_envs}")
     flags += [f"--override={o}" for o in args.override]
     return "python bench/learning_study.py " + " ".join(flags)
@@ -171,8 +173,9 @@ def report(args) -> str:
     if args.agent_token_budget:
         length = f"{args.agent_token_budget} agent tokens, at most {args.iterations} iterations"
     lines = [f"# Learning study ({args.preset}, {length}, seeds {args.seeds})", "",
-             f"Written {time.strftime('%Y-%m-%d %H:%M')} from the runs of `{_command(args)}`. Values: mean over seeds ± half the min-max spread; run means are over "
-             "the iterations that report the metric.", "",
+             f"Written {time.strftime('%Y-%m-%d %H:%M')} from the runs of `{_command(args)}`. "
+             "Values: mean over seeds ± half the min-max spread; run means are over the iterations that "
+             "report the metric.", "",
              f"Held-out score of the initial policy: {initial if initial is not None else '-'}", "",
              "| arm | held-out at the end | sampled | admission | regret | gap | designer reward | agent tokens "
              "| plain win rate | iterations |",
@@ -284,14 +287,14 @@ def _plot(curves: dict, out_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study_dir", type=Path, required=True)
-    parser.add_argument("--preset", default="configs/tiny.py")
+    parser.add_argument("--preset", default=DEFAULT_PRESET)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--iterations", type=int, default=10,
                         help="iterations per run; with --agent_token_budget, the most a run may take")
     parser.add_argument("--agent_token_budget", type=int, default=0,
                         help="> 0: every run ends once its agent generated this many tokens (equal agent compute)")
-    parser.add_argument("--fixed_pool_envs", type=int, default=8)
+    parser.add_argument("--fixed_pool_envs", type=int, default=DEFAULT_FIXED_POOL_ENVS)
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     parser.add_argument("--report", type=Path, default=REPO / "bench" / "learning_study.md")
     parser.add_argument("--report_only", action="store_true")

@@ -23,8 +23,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
              "agent/generated_tokens": 50, key: end, "eval/envs-2-programs-sampled/score": end / 2},
         ])
         _write_run(tmp_path / "placebo" / f"seed{seed}", [{"iteration": 0, "env/regret_mean": 0.05 * (seed + 1)}])
-        if seed == 0:
-            _write_run(tmp_path / "resample" / "seed0", [{"iteration": 0, "env/regret_mean": 0.02}])
+    _write_run(tmp_path / "resample" / "seed0", [{"iteration": 0, "env/regret_mean": 0.02}])  # seed 1 not run
     args = types.SimpleNamespace(study_dir=tmp_path, preset="configs/tiny.py", iterations=2, seeds=[0, 1],
                                  arms=["spade", "placebo", "resample", "frozen"], report=tmp_path / "study.md",
                                  agent_token_budget=0, fixed_pool_envs=8, override=["--config.rl.lr=1e-3"])
