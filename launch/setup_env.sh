@@ -20,7 +20,7 @@ packages are installed again only when a requirements file changes. The other la
 call it. It starts no job and passes nothing to spade_jax.main: other arguments are ignored.
 
 options:
-  --test        also install the test extras (requirements-test.txt: pytest, CPU torch)
+  --test        also install the test extras (requirements-test.txt: pytest, pytest-xdist, CPU torch)
   -h, --help    print this help and exit
 
 environment:

@@ -1,7 +1,12 @@
-"""Test session setup: 8 fake CPU devices so sharded and single-device runs share one process."""
+"""Test session setup: 8 fake CPU devices so sharded and single-device runs share one process.
+
+XLA compiles without backend optimisation: the tests' models are tiny, so compiling is most of
+their time (tests/test_train.py: 162 s at the default level, 78 s at level 0; bench/RESULTS.md).
+Every comparison in the suite is between programs compiled the same way.
+"""
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

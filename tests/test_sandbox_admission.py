@@ -15,6 +15,9 @@ from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.sandbox import SandboxConfig, SandboxPool, SolutionResult, StepResult
 from spade_jax.sandbox.admission import NOOP_ACTIONS, STAGES, AdmissionConfig, admit, admit_batch, random_actions
 
+# Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = Path(__file__).parent / "sandbox_examples"
 HOSTILE = Path(__file__).parent / "hostile_admission"

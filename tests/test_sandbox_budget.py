@@ -23,6 +23,9 @@ import pytest
 from spade_jax.sandbox import cgroups, isolation, usage
 from spade_jax.sandbox.cgroups import PoolCgroup
 
+# Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
+pytestmark = pytest.mark.serial
+
 MB = 1 << 20
 IS_ROOT = os.geteuid() == 0
 TEST_UID = 61000 + os.getpid() % 1000

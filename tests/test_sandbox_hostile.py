@@ -40,6 +40,9 @@ import pytest
 from spade_jax.sandbox import EpisodeSpec, IsolationReport, SandboxConfig, SandboxPool, StepResult
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
+# Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
+pytestmark = pytest.mark.serial
+
 HOSTILE = Path(__file__).parent / "hostile"
 GOOD = (Path(__file__).parent / "sandbox_examples" / "boxed_game.py").read_text()
 SECRET = "s3cr3t-9f8e7d6c"

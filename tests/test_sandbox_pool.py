@@ -18,6 +18,9 @@ import pytest
 from spade_jax.sandbox import (EpisodeSpec, IsolationUnavailable, SandboxConfig, SandboxError, SandboxPool,
                                StepResult)
 
+# Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
+pytestmark = pytest.mark.serial
+
 EXAMPLES = Path(__file__).parent / "sandbox_examples"
 GAME = (EXAMPLES / "boxed_game.py").read_text()
 TOOL = (EXAMPLES / "tool_env.py").read_text()

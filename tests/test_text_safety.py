@@ -56,6 +56,7 @@ def test_clean_text_limit_cuts_with_a_marker_and_is_idempotent():
         clean_text(b"bytes")
 
 
+@pytest.mark.serial  # a wall-clock bound
 def test_clean_text_is_fast_on_64k_strings():
     rng = random.Random(0)
     clean = ("An observation line with ünïcode 日本語.\n" * 2000)[:65536]
