@@ -498,8 +498,16 @@ def test_pool_memory_budget_holds_across_episodes(mode, ctx):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_slow_calls_cannot_hold_an_episode_forever(mode, ctx):
-    """Every call just under the call deadline: the episode's time budget still ends it."""
-    with _pool(MODES[mode], "open", episode_time_s=2.5) as pool:
+    """Every call well under the call deadline: the episode's time budget still ends it.
+
+    The per-call deadline gets room (a call takes about 0.5 s on an idle core) so that the
+    episode budget is what normally fires; on a loaded machine a call may still pass the
+    per-call deadline first, and either limit contains the program. What the test bounds is
+    what the code controls: the episode ends, timed out, before its 20th call and within one
+    call deadline (plus scheduling slack) of its budget.
+    """
+    call_s = 2.0
+    with _pool(MODES[mode], "open", episode_time_s=2.5, call_timeout_s=call_s) as pool:
         program = (HOSTILE / "slow_calls.py").read_text()
         started = time.monotonic()
         first = pool.start([EpisodeSpec(program, env_kwargs={"iterations": 12_000_000})])[0]
@@ -507,8 +515,9 @@ def test_slow_calls_cannot_hold_an_episode_forever(mode, ctx):
         while results[-1].ok and len(results) < 20:
             results.append(pool.step([first.episode_id], ["\\boxed{1}"])[0])
         last = results[-1]
-        assert last.timed_out and "time budget of 2.5 s" in last.error, last
-        assert time.monotonic() - started < 2.5 + CALL_S + SLACK_S
+        assert not last.ok and last.timed_out, last
+        assert "time budget of 2.5 s" in last.error or f"took longer than {call_s:g} s" in last.error, last
+        assert time.monotonic() - started < 2.5 + call_s + SLACK_S
         pool.close([first.episode_id])
         _assert_nothing_left(pool, ctx)
 
