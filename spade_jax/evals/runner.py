@@ -124,7 +124,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     """Plays and scores every item of ``suite`` (``settings.samples`` times each); writes its files
     under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run).
     ``items``: the suite's items when the caller has listed them already. ``guidance(program)``
-    (procedure memory's preplay) goes into the first observation of the episodes of a suite
+    (procedure memory's preplay; the loop passes its seed library's graphs only, so held-out
+    evaluation sees nothing a designed program wrote) goes into the first observation of the episodes of a suite
     that takes it (``suite.guided``: the environment suites; benchmarks stay as published);
     the summary's ``guided`` counts the episodes that got some."""
     started = time.perf_counter()

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 
 from spade_jax.agent import matched_requests, play_episodes, write_hints
-from spade_jax.agent.procedures import PROCEDURES_FILE, ProcedureMemory, abstract
+from spade_jax.agent.procedures import PROCEDURES_FILE, SEED, ProcedureMemory, abstract, provenance
 from spade_jax.agent.rollout import RolloutStats
 from spade_jax.designer.calibration import STAGE as CALIBRATION_STAGE
 from spade_jax.designer.calibration import calibrate
@@ -424,24 +424,39 @@ class SelfPlay:
             )
 
     def _guidance(self, env: PoolEnv) -> str | None:
-        """Procedure memory's preplay text for `env` (None without procedure memory)."""
+        """Procedure memory's preplay text for `env` (None without procedure memory): a seed
+        program's from the seed library's graphs only, so that no text a designed program wrote
+        reaches them through the agent following it; any other program's from every graph."""
         if self.procedures is None:
             return None
-        return self.procedures.guidance(self.procedures.key(env.code, env.skill))
+        seed = provenance(env.code, tuple(self.config.memory.heldout)) == SEED
+        return self.procedures.guidance(self.procedures.key(env.code, env.skill), seed_library=seed)
 
     def _program_guidance(self, program: str) -> str | None:
-        """The preplay text for a held-out program (its skill read from its docstring, or its family)."""
-        return self.procedures.guidance(self.procedures.key(program))
+        """The preplay text for a held-out program (its skill read from its docstring, or its
+        family), from the seed library's graphs only: held-out evaluation sees nothing designed."""
+        return self.procedures.guidance(self.procedures.key(program), seed_library=True)
 
     def _learn_procedures(self, envs: Sequence[PoolEnv], trajectories, metrics: dict) -> None:
         """Counts this iteration's plain episodes into procedure memory and writes its summary
         (`procedures.json`, for the gallery). Hinted plays are left out: they follow a privileged
-        hint, and their procedures would overstate what the agent does alone."""
+        hint, and their procedures would overstate what the agent does alone. A program that claims
+        a held-out family is not learned from (``procedures/heldout_claims`` counts its plain plays);
+        a seed program's plays count into the seed library's graphs as well (`agent/procedures.py`)."""
+        heldout = tuple(self.config.memory.heldout)
+        claims = 0
         for t in trajectories:
             env = envs[t.request.env_key]
             key = self.procedures.key(env.code, env.skill)
-            if not t.hinted and key is not None and t.turns:
-                self.procedures.update(key, abstract(t.messages, t.won, t.end_reason), t.won)
+            if t.hinted or key is None or not t.turns:
+                continue
+            source = provenance(env.code, heldout)
+            if source is None:
+                claims += 1
+            else:
+                self.procedures.update(key, abstract(t.messages, t.won, t.end_reason), t.won,
+                                       seed_library=source == SEED)
+        metrics["procedures/heldout_claims"] = claims
         metrics["procedures/keys"] = len(self.procedures.keys())
         metrics["procedures/transitions"] = self.procedures.num_transitions
         metrics["procedures/guided_episodes"] = sum(t.request.guidance is not None for t in trajectories)
