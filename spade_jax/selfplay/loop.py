@@ -55,8 +55,9 @@ from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry, MetricsWriter
 from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
 from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
-from spade_jax.trajectories.graph import NotToolUse, read_tool_schemas
-from spade_jax.trajectories.synth import summary_table, synthesize
+from spade_jax.trajectories.queries import escape_chats
+from spade_jax.trajectories.schemas import NotToolUse, ProgramRejected
+from spade_jax.trajectories.synth import EnvReport, read_program, summary_table, synthesize
 
 _PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6, "calibration": 7,
            "trajectories": 8}
@@ -526,14 +527,19 @@ class SelfPlay:
     def _synthesize_trajectories(self, it: int) -> dict[str, float]:
         """Tool-use trajectories (`spade_jax.trajectories`) from the newest `trajectories.max_envs`
         tool-use environments of memory, written by the policy after `it + 1` updates: SFT chat
-        records, RL tasks and the per-environment table in `trajectories/<it + 1>/`."""
+        records, RL tasks and the per-environment table in `trajectories/<it + 1>/`. A tool-use
+        program that synthesis cannot use is skipped with its reason (a row of the table, counted
+        in `trajectories/rejected`); no program's failure stops synthesis or the run."""
         seed = derive_seed(self.config.seed, it, _PHASES["trajectories"])
         cfg = dataclasses.replace(self.synth_cfg, seed=seed)
-        programs = []
+        programs, rejected = [], []
         for record in sorted(self.memory.records(), key=lambda r: r.iteration_added, reverse=True):
             try:
-                read_tool_schemas(record.code)
+                read_program(record.code)
             except NotToolUse:
+                continue
+            except ProgramRejected as err:
+                rejected.append(EnvReport(record.env_id, error=str(err)))
                 continue
             programs.append((record.env_id, record.code))
             if len(programs) == self.config.trajectories.max_envs:
@@ -542,7 +548,8 @@ class SelfPlay:
                                     max_turns=max(self.agent_cfg.max_turns, cfg.chain.max_calls + 2))
 
         def complete(chats):
-            return [c.text for c in complete_chats(self.policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+            return [c.text for c in complete_chats(self.policy, escape_chats(self.policy.tokenizer, chats),
+                                                   max_new_tokens=cfg.query.max_new_tokens,
                                                    temperature=cfg.query.temperature, seed=seed)]
 
         def play(requests):
@@ -556,12 +563,13 @@ class SelfPlay:
             write_jsonl(os.path.join(out_dir, "sft.jsonl"), (sft_record(e) for e in examples))
             write_jsonl(os.path.join(out_dir, "rl.jsonl"), (rl_task(e) for e in examples))
             with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
-                f.write(summary_table(reports) + "\n")
+                f.write(summary_table(rejected + reports) + "\n")
         chains = sum(r.chains for r in reports)
         return {"trajectories/envs": len(programs), "trajectories/chains": chains,
                 "trajectories/kept": len(examples),
                 "trajectories/acceptance": len(examples) / chains if chains else math.nan,
-                "trajectories/by_agent": sum(r.by_agent for r in reports)}
+                "trajectories/by_agent": sum(r.by_agent for r in reports),
+                "trajectories/rejected": len(rejected) + sum(r.error is not None for r in reports)}
 
     def _evaluate(self, step: int) -> dict[str, float]:
         """The held-out suites on the policy after `step` updates; files in `evals/<step>/`."""

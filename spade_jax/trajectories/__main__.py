@@ -69,6 +69,7 @@ def _run(programs, cfg) -> None:
     from spade_jax.selfplay.checkpoint import restore_parameters
     from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
     from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
+    from spade_jax.trajectories.queries import escape_chats
     from spade_jax.trajectories.synth import summary_table, synthesize
 
     config = FLAGS.config
@@ -86,7 +87,8 @@ def _run(programs, cfg) -> None:
     agent = dataclasses.replace(agent, temperature=0.0, max_turns=max(agent.max_turns, cfg.chain.max_calls + 2))
 
     def complete(chats):
-        return [c.text for c in complete_chats(policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+        return [c.text for c in complete_chats(policy, escape_chats(policy.tokenizer, chats),
+                                               max_new_tokens=cfg.query.max_new_tokens,
                                                temperature=cfg.query.temperature, seed=cfg.seed)]
 
     with SandboxPool(config_lib.sandbox_config(config)) as pool:
