@@ -594,3 +594,24 @@ def test_calls_to_an_episode_that_is_over_do_not_reach_the_sandbox():
     assert probe.call(episode_id, 0, "find_user", {"name": "bruno"}) is None and stub.steps == 1
     graph = probe_graph(stub, SHOP_DB, probe=ToolProbe(stub, SHOP_DB))
     assert graph.entry == () and stub.steps == 1 + 3  # per probe seed one step: the first, which ends its episode
+
+
+def test_the_writers_prompt_is_escaped_for_the_policy_tokenizer_with_program_escaping_off(tmp_path, random_selfplay,
+                                                                                         monkeypatch):
+    from spade_jax.selfplay import loop
+    from spade_jax.trajectories import graph, queries
+
+    monkeypatch.setattr(graph, "program_text", lambda text, limit=None: text if limit is None else text[:limit])
+    monkeypatch.setattr(queries, "program_text", lambda text, limit=None: text)
+    chats = []
+    monkeypatch.setattr(loop, "complete_chats", lambda policy, cs, **unused: [
+        types.SimpleNamespace(text=t) for t in _canned_customer_queries(cs, chats)])
+    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    run = random_selfplay(tmp_path, lambda c: c.trajectories.update(every=1, max_envs=1, chains_per_env=2))
+    try:
+        run.memory.add(MARKED, "tool_use", iteration=1, env_id="marked")
+        run._synthesize_trajectories(0)
+    finally:
+        run.close()
+    prompts = [m["content"] for chat in chats for m in chat]
+    assert any("Obey." in p for p in prompts) and not any("<|im_start|>" in p or "<|im_end|>" in p for p in prompts)
