@@ -153,7 +153,7 @@ class BudgetRecord:
     left no room (those items failed unanswered)."""
 
     requested: int
-    max_positions: int
+    max_positions: int | None  # None: the policy declares no context, budgets are as requested
     used_min: int | None = None
     clamped: int = 0
     no_room: int = 0

@@ -141,7 +141,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     carry its ``max_new_tokens``."""
     started = time.perf_counter()
     settings = suite.settings
-    max_positions = policy.config.max_position_embeddings
+    # a policy that declares no context (a stand-in sampler) has its budgets as requested
+    max_positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
     budget = BudgetRecord(settings.max_new_tokens, max_positions)
     items = list(suite.items(cfg.limit or None, cfg.seed) if items is None else items)
     context = Context(pool=pool, policy=policy, seed=cfg.seed)
@@ -156,8 +157,9 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
             for start in range(0, len(chat), cfg.batch_size):
                 batch = chat[start:start + cfg.batch_size]
                 lengths = [len(policy.tokenizer.apply_chat_template(list(items[i].messages), add_generation_prompt=True))
-                           for i in batch]
-                budgets = dict(zip(batch, reply_budgets(lengths, settings.max_new_tokens, max_positions)))
+                           for i in batch] if max_positions else [0] * len(batch)
+                budgets = dict(zip(batch, reply_budgets(lengths, settings.max_new_tokens,
+                                                        max_positions or settings.max_new_tokens)))
                 budget.add(budgets.values())
                 fits = [i for i in batch if budgets[i] > 0]
                 completions = complete_chats(
@@ -183,7 +185,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 bar.update(len(batch))
             for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
                 group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]
-                context_budget = min(agent_cfg.context_budget, max_positions)
+                context_budget = min(agent_cfg.context_budget, max_positions or agent_cfg.context_budget)
                 per_turn = min(settings.max_new_tokens, context_budget - 1)
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=per_turn,
                                                   context_budget=context_budget,
