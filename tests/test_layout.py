@@ -26,7 +26,7 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
 
 
 def test_environment_packages_import_without_jax():
-    code = ("import sys; import spade_jax.envs.library, spade_jax.sandbox.worker, spade_jax.sandbox.host; "
+    code = ("import sys; import spade_jax.envs.library, spade_jax.sandbox.worker, spade_jax.sandbox.host_start; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'flax')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
