@@ -13,7 +13,8 @@ import pytest
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.sandbox import SandboxConfig, SandboxPool, SolutionResult, StepResult
-from spade_jax.sandbox.admission import NOOP_ACTIONS, STAGES, AdmissionConfig, admit, admit_batch, random_actions
+from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit, admit_batch
+from spade_jax.sandbox.probes import NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions
 
 # Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
 pytestmark = pytest.mark.serial
@@ -34,7 +35,7 @@ def pool():
         yield p
 
 
-def test_well_behaved_examples_pass_all_seven_stages(pool):
+def test_well_behaved_examples_pass_all_eight_stages(pool):
     reports = admit_batch([GAME, TOOL], AdmissionConfig(), pool=pool)
     for report, name in zip(reports, ("SumTargetEnv", "ShelfLookupEnv")):
         assert report.admitted, report.reason
@@ -150,6 +151,29 @@ def test_random_actions_mix_plausible_actions_no_ops_and_garbage():
     assert all("\\boxed{" in a and len(a) < 200 for a in plausible)
 
 
+def test_answer_key_says_when_two_actions_give_the_same_answer():
+    assert answer_key("\\boxed{ Yes. }", tool_use=False) == answer_key("I think \\boxed{yes}", tool_use=False) == "yes"
+    assert answer_key("\\boxed{2}", tool_use=False) == answer_key("\\boxed{2.0}", tool_use=False) == "2.0"
+    assert answer_key("flip 1", tool_use=False) == "flip 1"  # no box: the action itself
+    assert answer_key("<answer> Paris </answer>", tool_use=True) == "paris"
+    assert answer_key("\\boxed{}", tool_use=False) is None and answer_key("<answer></answer>", tool_use=True) is None
+
+
+def test_fixed_answers_come_from_the_programs_own_moves_then_its_examples():
+    moves = ["\\boxed{7}", "\\boxed{7.0}", "\\boxed{9}"]  # 7 and 7.0 are one answer
+    observation = "Pick a number, e.g. \\boxed{3} or \\boxed{9}."
+    answers = fixed_answers(random.Random(0), tool_use=False, moves=moves, observation=observation, count=4)
+    assert answers[:3] == ["\\boxed{7}", "\\boxed{9}", "\\boxed{3}"]
+    assert len(answers) == 4 and answer_key(answers[3], tool_use=False) not in {"7.0", "9.0", "3.0"}
+    assert fixed_answers(random.Random(0), tool_use=False, moves=moves, observation="", count=4) == \
+        fixed_answers(random.Random(0), tool_use=False, moves=moves, observation="", count=4)  # reproducible
+    tools = fixed_answers(random.Random(1), tool_use=True, moves=["<answer>Ann</answer>"], observation="", count=3)
+    assert tools[:2] == ["<answer>Ann</answer>", "<answer>1</answer>"] and tools[2].startswith("<answer>")
+    assert blind_script("\\boxed{7}", tool_use=False, tools=["look"], turns=3) == ["\\boxed{7}"] * 3
+    assert blind_script("<answer>Ann</answer>", tool_use=True, tools=["compare", "look"], turns=3) == [
+        '<tool_call>{"name": "compare", "arguments": {}}</tool_call>', "<answer>Ann</answer>", "<answer>Ann</answer>"]
+
+
 def test_probe_seeds_are_fresh_random_or_reproducible(pool):
     quick = AdmissionConfig(pause_s=0.0)
     first, second = (admit(GAME, quick, pool=pool) for _ in range(2))
@@ -164,7 +188,9 @@ def test_probe_seeds_are_fresh_random_or_reproducible(pool):
         seeds = report.details["probe_seeds"]
         assert seeds["contract"] != list(range(quick.num_seeds))
         assert len(seeds["not_trivial"]) == quick.random_plays + len(NOOP_ACTIONS)
-        assert all(0 <= s < EPISODE_SEED_SPACE for s in seeds["contract"] + seeds["not_trivial"])
+        assert len(seeds["blind"]) == quick.blind_seeds
+        everything = seeds["contract"] + seeds["not_trivial"] + seeds["blind"]
+        assert all(0 <= s < EPISODE_SEED_SPACE for s in everything) and len(set(everything)) == len(everything)
 
 
 def test_seed_library_and_examples_pass_every_stage_under_several_admission_seeds(pool):

@@ -1,42 +1,53 @@
 """Staged admission of environment programs written by the designer.
 
-Seven named stages, stopping at the first failure, each failure with a reason:
+Eight named stages, stopping at the first failure, each failure with a reason. Every stage
+that plays judges every declared difficulty level (``DIFFICULTY_LEVELS``, read by
+``policy.difficulty_levels``, each constructed with ``difficulty=<level>``) as it judges the
+default: calibration may choose any of them for training.
 
 1. parse        extract the program from the model's text, parse it, apply the import policy
                 (trusted side, never executed here);
 2. load         run the module in a sandbox worker; exactly one ``*Env`` class; instantiate it;
 3. contract     ``num_seeds`` plays of random actions: ``reset`` returns (str, dict); every step
                 gets a well-typed 5-tuple with a finite reward in ``reward_range``; the episode
-                ends within the turn bound (max_turns). A program that declares
-                ``DIFFICULTY_LEVELS`` (``policy.difficulty_levels``) also gets one such play
-                per level, constructed with ``difficulty=<level>``; a malformed declaration fails here;
+                ends within the turn bound (max_turns); one such play per declared level; a
+                malformed declaration fails here;
 4. determinism  replaying the contract plays (same seeds, same actions; the first
                 ``determinism_seeds`` and every level's) gives the same observations,
                 rewards and flags, also when the replay pauses ``pause_s`` before the
                 first step or before a random later one;
-5. not_trivial  no no-op first action wins (at the default and at every declared level),
-                and at most ``max_random_win_rate`` of
-                ``random_plays`` random multi-step plays win;
-6. feasibility  replaying ``solution()`` (one action per line) from a fresh reset reaches
-                SUCCESS_REWARD, for every contract seed;
-7. novelty      not a near-duplicate (``similarity.py``) of a program in the archive: by
+5. not_trivial  at every level: no no-op first action wins, and at most
+                ``max_random_win_rate`` of ``random_plays`` random multi-step plays win;
+6. feasibility  at every level, replaying ``solution()`` (one action per line) from a fresh
+                reset reaches SUCCESS_REWARD for every contract seed (at the default within
+                the turn bound; at a declared level within the program's own, since a level
+                too long for the agent's turns is calibration's to skip, its solution failing
+                there, not a broken program), and solution() is a play: two replays that have
+                seen the same observations so far play the same next action (else it reads
+                state no agent can see: an oracle);
+7. blind        at every level, is there anything to learn: fixed answers, the same on every
+                one of ``blind_seeds`` seeds, must not win most seeds, and the seed must not
+                decide the outcome whatever the answer (see ``blind_verdict``);
+8. novelty      not a near-duplicate (``similarity.py``) of a program in the archive: by
                 shape with its numbers (``novelty="constants"``, the default: a known game
                 with several new settings is new, one changed number is not), by shape alone (``"structure"``), or
                 not checked (``"off"``; the reference has no such stage).
+
+The blind stage comes after feasibility because its first fixed answer is taken from the
+solutions feasibility verified (the move with which another seed's solution won, replayed
+on every seed), and because it is the stage that plays the most episodes, so it runs on the
+fewest programs. Its rules and their error rates are in ``AdmissionConfig``.
 
 What is random, and why: the designer is rewarded for what happens in training, so any
 way for a program to tell admission probes from real play is a hole it will learn. So the
 probes look like play. Reset seeds are drawn uniformly from ``EPISODE_SEED_SPACE`` (the
 space training draws from), fresh for every admission: ``seed=None`` takes them from OS
 entropy, an int makes the whole admission reproducible (the loop derives one per iteration).
-Actions come from ``random_actions``: plays of several lengths mixing plausible actions in the
-program's own format (``\\boxed{..}`` guesses, sometimes inside model-like text; tool calls
-to the tools the env declares, malformed calls and ``<answer>``s for ``ToolUseEnv``s),
-no-ops and garbage (random printable text, empty, ~4000 characters, unicode); some plays are
-plausible actions only. Determinism replays those random plays as they were, and with a
-pause inserted before a step, so behaviour keyed on the wall clock or on call gaps (an agent
-in training takes seconds per turn) shows. The probe seeds and the admission seed are
-recorded in ``report.details``.
+Actions come from ``probes.py``: random plays of several lengths mixing plausible actions in
+the program's own format, no-ops and garbage, and the blind stage's fixed answers.
+Determinism replays the random plays as they were, and with a pause inserted before a step,
+so behaviour keyed on the wall clock or on call gaps (an agent in training takes seconds per
+turn) shows. The probe seeds and the admission seed are recorded in ``report.details``.
 
 Every candidate has ``time_budget_s`` of sandbox call time (the sum of its episodes' start
 and step times); once spent, its episodes are closed and it is rejected at the current
@@ -57,24 +68,28 @@ from __future__ import annotations
 import ast
 import dataclasses
 import random
-import string
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD, is_success
-from spade_jax.envs.tool_use import tool_call_action
 from spade_jax.sandbox.policy import PolicyError, check_program, difficulty_levels, extract_code
 from spade_jax.sandbox.pool import SandboxPool
+from spade_jax.sandbox.probes import (NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions,
+                                      solution_answer)
 from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult, StepResult
 from spade_jax.sandbox.similarity import SHINGLE_TOKENS, code_similarity, fingerprint, jaccard
 
-STAGES = ("parse", "load", "contract", "determinism", "not_trivial", "feasibility", "novelty")
+STAGES = ("parse", "load", "contract", "determinism", "not_trivial", "feasibility", "blind", "novelty")
 NOVELTY_MODES = ("constants", "structure", "off")
-NOOP_ACTIONS = ("", "\\boxed{}", "pass", "<answer></answer>", "<tool_call></tool_call>")
 _CHUNK = 256  # episodes admission keeps live at once
+_BLIND_ANSWERS = 3  # fixed answers the blind stage plays on every seed, at every level
+_EXTRA_ANSWERS = 3  # further answers it tries on a seed that two fixed answers both win
+_BLIND_TURNS = 4  # turns of a blind play at most: a coin pays on a first guess, and steps cost time
 
-__all__ = ["AdmissionConfig", "AdmissionReport", "NOOP_ACTIONS", "NOVELTY_MODES", "STAGES", "admit", "admit_batch",
-           "code_similarity", "random_actions"]
+__all__ = ["AdmissionConfig", "AdmissionReport", "NOVELTY_MODES", "STAGES", "admit", "admit_batch", "blind_verdict",
+           "code_similarity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +99,30 @@ class AdmissionConfig:
     num_seeds: random seeds (from EPISODE_SEED_SPACE, fresh per admission) played by the
       contract stage and replayed by feasibility; determinism replays the first
       ``determinism_seeds`` of them.
-    random_plays: random multi-step plays (fresh seeds) of the not_trivial stage; more than
-      ``max_random_win_rate`` of them winning rejects the program.
+    random_plays: random multi-step plays (fresh seeds) of the not_trivial stage at each level;
+      more than ``max_random_win_rate`` of them winning at any level rejects the program.
+    blind_seeds: fresh seeds on which the blind stage plays its fixed answers at each level (0:
+      no blind stage). A fixed answer is one well-formed answer repeated for up to 4 turns (a
+      tool-use program's after one call of its first tool): answer #0, the move with which a
+      contract seed's solution won, plays every seed; two more (another seed's winning move, an
+      example from the first observation, 1, a random plausible answer) play the seeds #0 won.
+      Its two rules, with the defaults (16 seeds):
+    max_fixed_answer_win_rate: a fixed answer winning more than this share of the seeds
+      rejects (0.9: 15 of 16). A fair level where a fixed answer wins half the seeds (the seed
+      library's easy levels come close: switch_lights' two wirings, repeat_pattern's two
+      letters) is rejected with P(Bin(16, 0.5) >= 15) = 17/65536 = 2.6e-4. A bar low enough
+      for a coin cannot work: those fair levels sit above the issue's 0.45 coin flip, so no
+      single-answer share tells a coin from a small answer space.
+    max_blind_win_rate: more than this share of the seeds won *whatever the answer* rejects
+      (0.1: 2 of 16). A seed is won whatever the answer when two different fixed answers win
+      it after the same number of moves and so does every further answer tried there
+      (``blind_verdict``): on a fair seed with one right answer that never happens, and a tie
+      (knapsack: two best packings) is told apart by the further answers, winning moves of
+      other seeds' solutions that also won their own seed. A coin flip whose well-formed
+      answers all win a seed-decided share p of seeds is missed with P(Bin(16, p) <= 1):
+      1.0e-3 at p = 0.45, 0.026 at p = 0.3, 0.14 at p = 0.2; the blend's plateau
+      (``rl.rewards.plateau``) pays such a coin 0.2 at p = 0.2 and nothing below p = 0.15,
+      against 1 at 0.45.
     pause_s: the determinism stage also replays each play with a pause of this many seconds
       before a random step (0 disables); costs about one pause per batch.
     time_budget_s: sandbox call time (start and step calls, summed over all its episodes)
@@ -94,7 +131,7 @@ class AdmissionConfig:
       contract stage requires episodes to end within it (when None: within the env's
       ``self.max_turns``, or 100 steps if the env keeps no such attribute).
     reward_range: allowed raw rewards (the sandbox clips to [-1, 1] anyway).
-    novelty: how the novelty stage compares programs, one of NOVELTY_MODES (see stage 7).
+    novelty: how the novelty stage compares programs, one of NOVELTY_MODES (see stage 8).
     novelty_threshold: similarity at or above which a program duplicates an archive entry
       or, with ``batch_novelty``, a program admitted earlier in the same batch.
     sandbox: the pool config used when admit/admit_batch create their own pool.
@@ -104,6 +141,9 @@ class AdmissionConfig:
     determinism_seeds: int = 2
     random_plays: int = 8
     max_random_win_rate: float = 0.5
+    blind_seeds: int = 16
+    max_fixed_answer_win_rate: float = 0.9
+    max_blind_win_rate: float = 0.1
     pause_s: float = 1.0
     time_budget_s: float = 30.0
     max_turns: int | None = None
@@ -123,6 +163,11 @@ class AdmissionConfig:
             raise ValueError(f"AdmissionConfig.random_plays must be >= 0, got {self.random_plays}")
         if not 0.0 <= self.max_random_win_rate <= 1.0:
             raise ValueError(f"AdmissionConfig.max_random_win_rate must be in [0, 1], got {self.max_random_win_rate}")
+        if self.blind_seeds < 0:
+            raise ValueError(f"AdmissionConfig.blind_seeds must be >= 0 (0: no blind stage), got {self.blind_seeds}")
+        for name in ("max_fixed_answer_win_rate", "max_blind_win_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"AdmissionConfig.{name} must be in [0, 1], got {getattr(self, name)}")
         if not self.pause_s >= 0.0:
             raise ValueError(f"AdmissionConfig.pause_s must be >= 0, got {self.pause_s}")
         if not self.time_budget_s > 0.0:
@@ -155,120 +200,6 @@ class AdmissionReport:
         return dataclasses.asdict(self)
 
 
-# --- random probe actions ------------------------------------------------------------------
-
-_WORDS = ("yes", "no", "left", "right", "up", "down", "north", "south", "east", "west", "red", "blue",
-          "green", "apple", "stone", "river", "alpha", "beta", "true", "false", "none", "start", "stop",
-          "open", "close", "swap", "wait", "skip", "submit", "A", "B", "C", "D", "x", "y", "z", "AB", "BA")
-_KEYS = ("item", "name", "city", "person", "a", "b", "x", "n", "query", "id", "index", "from", "to",
-         "factor", "value", "level", "amount")
-_TEMPLATES = ("I think the answer is {}.", "Let me try {}", "My move: {}", "Answer: {}",
-              "After thinking it through, {} is my choice.", "Okay.\n\n{}",
-              "Step 1: look at the options.\nStep 2: pick the best one.\nSo: {}")
-_UNICODE = ((0xA1, 0xFF), (0x300, 0x36F), (0x391, 0x3C9), (0x410, 0x44F), (0x627, 0x64A),
-            (0x2000, 0x206F), (0x4E00, 0x4FFF), (0x1F300, 0x1F64F))
-_MALFORMED_CALLS = ("<tool_call>not json</tool_call>", '<tool_call>{"name": </tool_call>',
-                    '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"name": 7, "arguments": {}}</tool_call>',
-                    '<tool_call>{"name": "%s", "arguments": [1, 2]}</tool_call>', "<tool_call>[]</tool_call>",
-                    '<tool_call>{"name": "%s", "arguments": {', "<tool_call>null</tool_call>")
-
-
-def random_actions(rng: random.Random, n: int, *, tool_use: bool, tools: Sequence[str] = (),
-                   plausible_only: bool = False) -> list[str]:
-    """``n`` random actions for a program of the given kind (``tools``: the names it declares).
-
-    Mixes plausible actions in the program's own format (``\\boxed{..}`` with a small int, a
-    word or a comma list, sometimes inside model-like text; for tool-use programs tool calls
-    to its tools with random arguments, malformed calls and ``<answer>``s), no-ops and
-    garbage (random printable text, empty, ~4000 characters, unicode, the other kind's
-    format). ``plausible_only`` leaves out the garbage and no-ops.
-    """
-    return [_random_action(rng, tool_use, list(tools), plausible_only) for _ in range(n)]
-
-
-def _random_action(rng: random.Random, tool_use: bool, tools: list[str], plausible_only: bool) -> str:
-    roll = 0.0 if plausible_only else rng.random()
-    if roll < 0.6:
-        action = _tool_action(rng, tools) if tool_use else "\\boxed{%s}" % _value(rng)
-        return rng.choice(_TEMPLATES).format(action) if rng.random() < 0.35 else action
-    if roll < 0.72:
-        return rng.choice(NOOP_ACTIONS)
-    if roll < 0.82:
-        return "".join(rng.choice(string.printable) for _ in range(rng.randint(1, 80)))
-    if roll < 0.87:
-        return _long_text(rng)
-    if roll < 0.94:
-        text = _unicode_text(rng, rng.randint(1, 40))
-        return "\\boxed{%s}" % text if rng.random() < 0.5 else text
-    return "\\boxed{%s}" % _value(rng) if tool_use else _tool_action(rng, tools)
-
-
-def _value(rng: random.Random) -> str:
-    roll = rng.random()
-    if roll < 0.6:
-        return str(_int(rng))
-    if roll < 0.85:
-        return rng.choice(_WORDS)
-    parts = [str(_int(rng)) if rng.random() < 0.6 else rng.choice(_WORDS) for _ in range(rng.randint(2, 5))]
-    return rng.choice((",", ", ", " ")).join(parts)
-
-
-def _int(rng: random.Random) -> int:
-    roll = rng.random()
-    if roll < 0.25:
-        return rng.randint(0, 9)
-    if roll < 0.6:
-        return rng.randint(10, 99)
-    if roll < 0.85:
-        return rng.randint(100, 9999)
-    return -rng.randint(1, 99)
-
-
-def _tool_action(rng: random.Random, tools: list[str]) -> str:
-    roll = rng.random()
-    name = rng.choice(tools) if tools else rng.choice(_WORDS)
-    if roll < 0.55:
-        if rng.random() < 0.1:
-            name = rng.choice(_WORDS)  # a tool the env does not declare
-        arguments = {rng.choice(_KEYS): _argument(rng) for _ in range(rng.randint(0, 3))}
-        return tool_call_action(name, arguments)
-    if roll < 0.7:
-        malformed = rng.choice(_MALFORMED_CALLS)
-        return malformed % name if "%s" in malformed else malformed
-    return "<answer>%s</answer>" % _value(rng)
-
-
-def _argument(rng: random.Random):
-    roll = rng.random()
-    if roll < 0.4:
-        return _int(rng)
-    if roll < 0.75:
-        return rng.choice(_WORDS)
-    if roll < 0.85:
-        return round(rng.uniform(-100, 100), 2)
-    if roll < 0.9:
-        return rng.random() < 0.5
-    return [_int(rng) for _ in range(rng.randint(0, 3))]
-
-
-def _long_text(rng: random.Random) -> str:
-    size = rng.randint(3500, 4500)
-    kind = rng.randrange(3)
-    if kind == 0:  # at most 4000 digits: Python's int() refuses more than 4300
-        return "\\boxed{" + "".join(rng.choice(string.digits) for _ in range(size - 500)) + "}"
-    if kind == 1:
-        return "".join(rng.choice(string.ascii_letters + " ") for _ in range(size))
-    return "".join(rng.choice(string.printable) for _ in range(size))
-
-
-def _unicode_text(rng: random.Random, size: int) -> str:
-    chars = []
-    for _ in range(size):
-        low, high = rng.choice(_UNICODE)
-        chars.append(chr(rng.randint(low, high)))
-    return "".join(chars)
-
-
 # --- the admission ---------------------------------------------------------------------------
 
 
@@ -279,13 +210,16 @@ class _Candidate:
     report: AdmissionReport
     rng: random.Random
     seeds: list[int]  # contract (load: the first; determinism: the first few; feasibility: all)
-    play_seeds: list[int]  # not_trivial: random_plays plays, then one per no-op
+    play_seeds: list[int]  # not_trivial: random_plays plays, then one per no-op (the same at every level)
+    blind_seeds: list[int]  # the blind stage's (the same at every level)
     tool_use: bool = False
     tools: list = dataclasses.field(default_factory=list)
     turn_bound: int = 0
     levels: tuple = ()  # the declared DIFFICULTY_LEVELS
     levels_error: str | None = None  # why the declaration is malformed (a contract failure)
     contract: list = dataclasses.field(default_factory=list)  # (script, trace) per contract seed, then per level
+    moves: dict = dataclasses.field(default_factory=dict)  # level -> the winning move of each contract seed's solution
+    observations: dict = dataclasses.field(default_factory=dict)  # level -> first observation of a contract seed
     spent_s: float = 0.0  # sandbox call time used so far
     fatal: str | None = None  # a rejection found while playing (time budget, host crash)
 
@@ -303,6 +237,54 @@ class _Script:
     turn_limit: int | None = None
     pause_before: int | None = None  # 1-based step preceded by a pause of pause_s
     env_kwargs: dict = dataclasses.field(default_factory=dict)  # to the constructor (a difficulty level)
+    solution_after: bool = False  # fetch solution() once the actions are played (the play is unchanged)
+    own_turns: bool = False  # the program's own turn bound, not max_turns (feasibility at a declared level)
+
+
+@dataclasses.dataclass(eq=False)
+class _BlindCell:
+    """The blind stage at one level of one candidate: its fixed answers, the move with which each
+    won each blind seed, each seed's own solution answer, and the further answers' results per seed."""
+
+    c: _Candidate
+    level: str | None
+    answers: list[str]
+    steps_an: np.ndarray  # (answers, blind seeds) int: the move that won (0: lost)
+    own: dict = dataclasses.field(default_factory=dict)  # blind seed index -> its solution's answer line
+    extras_n: list = dataclasses.field(default_factory=list)  # per blind seed: further answers' winning moves
+
+    def __post_init__(self):
+        self.extras_n = [[] for _ in self.c.blind_seeds]
+
+    def script(self, answer: str, s: int, solution_after: bool = False) -> _Script:
+        c = self.c
+        actions = blind_script(answer, tool_use=c.tool_use, tools=c.tools, turns=min(c.turn_bound, _BLIND_TURNS))
+        return _Script(c, c.blind_seeds[s], actions, turn_limit=c.turn_bound, env_kwargs=_level_kwargs(self.level),
+                       solution_after=solution_after)
+
+    def further_tries(self) -> list[tuple["_BlindCell", int | None, str, str, int]]:
+        """(cell, target, answer key, answer line, source) per further play. Each target, a blind
+        seed that two fixed answers won after the same number of moves, gets up to _EXTRA_ANSWERS
+        final answers from the solutions of other blind seeds (``source``; never the target's own
+        answer nor a fixed answer); each answer used is also played once on its own seed (target
+        None)."""
+        tool_use = self.c.tool_use
+        played = {answer_key(a, tool_use) for a in self.answers}
+        pool: dict[str, tuple[str, int]] = {}
+        for i, line in sorted(self.own.items()):
+            key = None if line is None else answer_key(line, tool_use)
+            if key is not None and key not in played:
+                pool.setdefault(key, (line, i))
+        tries, used = [], {}
+        for target in [s for s in range(self.steps_an.shape[1]) if _shared_step(self.steps_an[:, s])]:
+            own = self.own.get(int(target))
+            own_key = None if own is None else answer_key(own, tool_use)
+            picks = [(key, line, i) for key, (line, i) in pool.items() if i != target and key != own_key]
+            for key, line, i in picks[:_EXTRA_ANSWERS]:
+                tries.append((self, int(target), key, line, i))
+                used[key] = (line, i)
+        tries += [(self, None, key, line, i) for key, (line, i) in used.items()]
+        return tries
 
 
 @dataclasses.dataclass
@@ -329,7 +311,7 @@ class _Trace:
 
 def admit(text: str, config: AdmissionConfig | None = None, archive: Sequence[str] = (),
           pool: SandboxPool | None = None, seed: int | None = None) -> AdmissionReport:
-    """Runs the seven stages on one program (``pool=None``: a temporary pool; ``seed``: see admit_batch)."""
+    """Runs the eight stages on one program (``pool=None``: a temporary pool; ``seed``: see admit_batch)."""
     return admit_batch([text], config, archive, pool, seed=seed)[0]
 
 
@@ -369,11 +351,12 @@ class _Admission:
         candidates = []
         for index, text in enumerate(texts):
             rng = random.Random(master.getrandbits(64))
-            seeds = rng.sample(range(EPISODE_SEED_SPACE), self.cfg.num_seeds + plays)
+            n = self.cfg.num_seeds
+            seeds = rng.sample(range(EPISODE_SEED_SPACE), n + plays + self.cfg.blind_seeds)
             report = AdmissionReport(False, "parse", "", isolation=isolation)
-            c = _Candidate(index, text, report, rng, seeds[:self.cfg.num_seeds], seeds[self.cfg.num_seeds:])
-            report.details.update(admission_seed=self.seed,
-                                  probe_seeds={"contract": c.seeds, "not_trivial": c.play_seeds})
+            c = _Candidate(index, text, report, rng, seeds[:n], seeds[n:n + plays], seeds[n + plays:])
+            report.details.update(admission_seed=self.seed, probe_seeds={
+                "contract": c.seeds, "not_trivial": c.play_seeds, "blind": c.blind_seeds})
             candidates.append(c)
         alive = candidates
         for stage in STAGES:
@@ -506,34 +489,37 @@ class _Admission:
         scripts, noops = [], []
         for c in cands:
             plays = self.cfg.random_plays
-            for i in range(plays):
-                # a quarter of the plays use the whole turn bound, the others a random length
-                length = c.turn_bound if i % 4 == 0 else c.rng.randint(1, c.turn_bound)
-                actions = random_actions(c.rng, length, tool_use=c.tool_use, tools=c.tools,
-                                         plausible_only=c.rng.random() < 0.5)
-                if c.rng.random() < 0.25:
-                    actions[0] = c.rng.choice(NOOP_ACTIONS)
-                scripts.append(_Script(c, c.play_seeds[i], actions, turn_limit=c.turn_bound))
-            for level in (None, *c.levels):  # no level may be won by doing nothing
-                kwargs = {} if level is None else {"difficulty": level}
-                for noop, seed in zip(NOOP_ACTIONS, c.play_seeds[plays:]):
-                    noops.append(_Script(c, seed, [noop], turn_limit=c.turn_bound, env_kwargs=kwargs))
+            for level in (None, *c.levels):
+                for i in range(plays):
+                    # a quarter of the plays use the whole turn bound, the others a random length
+                    length = c.turn_bound if i % 4 == 0 else c.rng.randint(1, c.turn_bound)
+                    actions = random_actions(c.rng, length, tool_use=c.tool_use, tools=c.tools,
+                                             plausible_only=c.rng.random() < 0.5)
+                    if c.rng.random() < 0.25:
+                        actions[0] = c.rng.choice(NOOP_ACTIONS)
+                    scripts.append(_Script(c, c.play_seeds[i], actions, turn_limit=c.turn_bound,
+                                           env_kwargs=_level_kwargs(level)))
+                for noop, seed in zip(NOOP_ACTIONS, c.play_seeds[plays:]):  # no level may be won by doing nothing
+                    noops.append(_Script(c, seed, [noop], turn_limit=c.turn_bound, env_kwargs=_level_kwargs(level)))
         traces = self._play(scripts + noops)
         reasons: dict[int, str] = {}
-        wins: dict[int, int] = {}
+        wins: dict[tuple[int, str | None], int] = {}
         for script, trace in zip(scripts, traces):
             c = script.owner
             problem = self._judge_play(script, trace, None)
             if problem:
                 reasons.setdefault(id(c), problem)
             last = trace.steps[-1] if trace.steps else None
-            wins[id(c)] = wins.get(id(c), 0) + _won(last)
+            key = (id(c), script.env_kwargs.get("difficulty"))
+            wins[key] = wins.get(key, 0) + _won(last)
         plays, limit = self.cfg.random_plays, self.cfg.max_random_win_rate
         for c in cands:
-            won = wins.get(id(c), 0)
-            c.report.details["random_play_wins"] = won
-            if plays and won / plays > limit:
-                reasons.setdefault(id(c), f"random play wins {won} of {plays} plays (limit {limit:g})")
+            c.report.details["random_play_wins"] = wins.get((id(c), None), 0)
+            for level in (None, *c.levels):
+                won = wins.get((id(c), level), 0)
+                if plays and won / plays > limit:
+                    reasons.setdefault(id(c), f"{_at_level(level)}random play wins {won} of {plays} plays "
+                                              f"(limit {limit:g})")
         for script, trace in zip(noops, traces[len(scripts):]):
             c = script.owner
             error = trace.first_error()
@@ -546,16 +532,19 @@ class _Admission:
         return [reasons.get(id(c)) for c in cands]
 
     def _feasibility(self, cands):
-        firsts = [_Script(c, seed, want_solution=True) for c in cands for seed in c.seeds]
+        firsts = [_Script(c, seed, want_solution=True, env_kwargs=_level_kwargs(level), own_turns=level is not None)
+                  for c in cands for level in (None, *c.levels) for seed in c.seeds]
         replays, failures = [], {}
         for script, trace in zip(firsts, self._play(firsts)):
             c = script.owner
-            reason = _solution_problem(script.seed, trace)
+            reason = _solution_problem(_seed_label(script), trace)
             if reason:
                 failures.setdefault(id(c), reason)
                 continue
             lines = [line for line in trace.solution.solution.splitlines() if line.strip()]
-            replays.append(_Script(c, script.seed, lines, turn_limit=c.turn_bound))
+            replays.append(_Script(c, script.seed, lines, turn_limit=c.turn_bound, env_kwargs=script.env_kwargs,
+                                   own_turns=script.own_turns))
+        played: dict[tuple[int, str | None], list] = {}
         for script, trace in zip(replays, self._play(replays)):
             c = script.owner
             if id(c) in failures:
@@ -563,9 +552,67 @@ class _Admission:
             reason = _replay_problem(script, trace)
             if reason:
                 failures[id(c)] = reason
-            else:
-                c.report.details.setdefault("solution_steps", []).append(len(trace.steps))
+                continue
+            level = script.env_kwargs.get("difficulty")
+            played.setdefault((id(c), level), []).append((script, trace))
+            c.moves.setdefault(level, []).append(script.actions[len(trace.steps) - 1])
+            c.observations.setdefault(level, trace.start.observation)
+            c.report.details.setdefault("solution_steps", []).append(len(trace.steps))
+        for (owner, _), replayed in played.items():
+            if owner not in failures:
+                reason = _not_a_play(replayed)
+                if reason:
+                    failures[owner] = reason
         return [failures.get(id(c)) for c in cands]
+
+    def _blind(self, cands):
+        """Plays the fixed answers on the blind seeds at every level and judges each level with
+        `blind_verdict`. Answer #0, the winning move of a contract seed's solution, plays every
+        seed and then fetches the seed's own solution(); the others play the seeds #0 won, the
+        only seeds where they can make two winners (so their win counts, for the fixed-answer
+        rule, are lower bounds). On each seed two answers won, further answers are tried: the
+        final answers of other blind seeds' solutions, each also played on its own seed and
+        counted only where it wins there (so a solution() that answers differently after play
+        cannot excuse a coin)."""
+        if not self.cfg.blind_seeds:
+            return [None for _ in cands]
+        cells = []
+        for c in cands:
+            levels = (None, *c.levels)
+            for level in levels:
+                moves = c.moves[level] + [m for other in levels if other != level for m in c.moves[other]]
+                answers = fixed_answers(c.rng, tool_use=c.tool_use, moves=moves, observation=c.observations[level],
+                                        count=_BLIND_ANSWERS)
+                cells.append(_BlindCell(c, level, answers, np.zeros((len(answers), len(c.blind_seeds)), int)))
+        first = [(cell, s) for cell in cells for s in range(len(cell.c.blind_seeds))]
+        for (cell, s), trace in zip(first, self._play([cell.script(cell.answers[0], s, solution_after=True)
+                                                       for cell, s in first])):
+            cell.steps_an[0, s] = _winning_move(trace)
+            cell.own[s] = _own_answer(trace)
+        rest = [(cell, a, int(s)) for cell in cells for a in range(1, len(cell.answers))
+                for s in np.flatnonzero(cell.steps_an[0])]
+        for (cell, a, s), trace in zip(rest, self._play([cell.script(cell.answers[a], s) for cell, a, s in rest])):
+            cell.steps_an[a, s] = _winning_move(trace)
+        tries = [t for cell in cells for t in cell.further_tries()]
+        traces = self._play([cell.script(line, source if target is None else target)
+                             for cell, target, _, line, source in tries])
+        valid = {(id(cell), key) for (cell, target, key, *_), trace in zip(tries, traces)
+                 if target is None and _winning_move(trace)}
+        for (cell, target, key, *_), trace in zip(tries, traces):
+            if target is not None and (id(cell), key) in valid:
+                cell.extras_n[target].append(_winning_move(trace))
+        reasons: dict[int, str] = {}
+        for cell in cells:
+            c = cell.c
+            reason, stats = blind_verdict(cell.steps_an, cell.extras_n, seeds=c.blind_seeds,
+                                          max_fixed_answer_win_rate=self.cfg.max_fixed_answer_win_rate,
+                                          max_blind_win_rate=self.cfg.max_blind_win_rate)
+            stats["answers"] = [_show(a) for a in cell.answers]
+            c.report.details.setdefault("blind", {})["default" if cell.level is None else cell.level] = stats
+            if reason:
+                shown = ", ".join(f"#{a} {_show(answer)}" for a, answer in enumerate(cell.answers))
+                reasons.setdefault(id(c), f"{_at_level(cell.level)}{reason}; fixed answers: {shown}")
+        return [reasons.get(id(c)) for c in cands]
 
     def _fingerprint(self, code: str) -> frozenset:
         return fingerprint(code, self.cfg.shingle_tokens, keep_constants=self.cfg.novelty == "constants")
@@ -623,7 +670,8 @@ class _Admission:
         return traces
 
     def _play_chunk(self, scripts: list[_Script]) -> tuple[list[_Trace], list[bool]]:
-        """Starts every script's episode, optionally fetches solution(), steps the actions
+        """Starts every script's episode, optionally fetches solution() (``want_solution``: before
+        the first step; ``solution_after``: once its actions are played), steps the actions
         until each ends, closes all. All ready episodes step in one batch per round; a script
         with ``pause_before`` sits out rounds until pause_s has passed since its last call (the
         others go on, so a batch pays about one pause). Charges each call's time to the
@@ -637,7 +685,8 @@ class _Admission:
         if not todo:
             return traces, lost
         starts = self.pool.start([EpisodeSpec(scripts[i].owner.code, seed=scripts[i].seed,
-                                              max_turns=self.cfg.max_turns, turn_limit=scripts[i].turn_limit,
+                                              max_turns=None if scripts[i].own_turns else self.cfg.max_turns,
+                                              turn_limit=None if scripts[i].own_turns else scripts[i].turn_limit,
                                               env_kwargs=scripts[i].env_kwargs)
                                   for i in todo])
         open_ids = {i: r.episode_id for i, r in zip(todo, starts)}
@@ -674,11 +723,17 @@ class _Admission:
                     traces[i].steps.append(result)
                     pos[i] += 1
                 host_lost = self._charge([(scripts[i], r) for i, r in zip(ready, results)], scripts, open_ids)
+            afters = [i for i in todo if scripts[i].solution_after and i in open_ids and traces[i].start.ok
+                      and not scripts[i].owner.fatal and not host_lost]
+            for i, result in zip(afters, self.pool.solution_results([open_ids[i] for i in afters])):
+                traces[i].solution = result
+                host_lost = host_lost or traces[i].host_error() is not None
             if host_lost:
                 for i in todo:
                     s = scripts[i]
+                    wants = s.want_solution or s.solution_after
                     unfinished = (_running(traces[i]) and not s.owner.fatal
-                                  and (pos[i] < len(s.actions) or (s.want_solution and traces[i].solution is None)))
+                                  and (pos[i] < len(s.actions) or (wants and traces[i].solution is None)))
                     lost[i] = unfinished or traces[i].host_error() is not None
         finally:
             self.pool.close(list(open_ids.values()))
@@ -700,6 +755,80 @@ class _Admission:
             ids = [open_ids.pop(i) for i, s in enumerate(scripts) if s.owner in over and i in open_ids]
             self.pool.close(ids)
         return any(result.error and result.failed_call == "host" for _, result in played)
+
+
+def blind_verdict(steps_an, extras_n: Sequence[Sequence[int]], *, seeds: Sequence[int],
+                  max_fixed_answer_win_rate: float, max_blind_win_rate: float) -> tuple[str | None, dict]:
+    """The blind stage's judgement of one level: the reason to reject (None: admit) and its statistics.
+
+    steps_an: after how many moves fixed answer a won seed n (0: it did not win), shape
+    (answers, seeds) int; extras_n: per seed, the same for each further answer tried there
+    (only answers that won their own seed count). A seed is won whatever the answer when two
+    fixed answers won it after the same number of moves and every further answer tried there
+    did too (two answers that reach a goal by different routes, as repeated moves of 1 and 2
+    reach a sum of 4, are a game, not a coin). Rejects when one fixed answer wins more than
+    ``max_fixed_answer_win_rate`` of the seeds, or when more than ``max_blind_win_rate`` of the
+    seeds are won whatever the answer (the rates and their error bounds: ``AdmissionConfig``).
+    """
+    steps_an = np.asarray(steps_an, int)
+    n = steps_an.shape[1]
+    counts = (steps_an > 0).sum(axis=1)
+    free = [s for s in range(n) if _shared_step(steps_an[:, s]) and
+            all(step == _shared_step(steps_an[:, s]) for step in extras_n[s])]
+    stats = {"wins": [int(k) for k in counts], "seeds": n, "won_whatever_the_answer": [seeds[s] for s in free]}
+    if n and counts.size and counts.max() / n > max_fixed_answer_win_rate:
+        best = int(counts.argmax())
+        return (f"fixed answer #{best} wins {counts[best]} of {n} seeds (limit {max_fixed_answer_win_rate:g})",
+                stats)
+    if n and len(free) / n > max_blind_win_rate:
+        shown = ", ".join(str(seeds[s]) for s in free[:3]) + (", ..." if len(free) > 3 else "")
+        return (f"on {len(free)} of {n} seeds different answers all win (seeds {shown}): the seed decides the "
+                f"outcome, not the play (limit {max_blind_win_rate:g})", stats)
+    return None, stats
+
+
+def _shared_step(steps_a) -> int:
+    """The fewest moves after which two or more of these answers won (0: no two won alike)."""
+    shared = [k for k in np.unique(steps_a) if k > 0 and (steps_a == k).sum() >= 2]
+    return int(shared[0]) if shared else 0
+
+
+def _not_a_play(replayed: Sequence[tuple[_Script, _Trace]]) -> str | None:
+    """Why the replays of one level's solutions are not plays of one agent, or None: an agent acts
+    on what it has seen, so two replays whose observations agree so far must play the same next
+    action. One that does not reads state no agent can see (an oracle solution)."""
+    seen: dict[tuple[str, ...], tuple[int, str]] = {}
+    for script, trace in replayed:
+        history = (trace.start.observation,)
+        for n, action in enumerate(script.actions[:len(trace.steps)]):
+            seed, other = seen.setdefault(history, (script.seed, action))
+            if other != action:
+                return (f"solution() is not a play: on seeds {seed} and {_seed_label(script)} the observations so far "
+                        f"are the same ({n} steps in) but it plays {_show(other)} on one and {_show(action)} on the "
+                        "other, so it reads state the agent cannot see")
+            history += (trace.steps[n].observation,)
+    return None
+
+
+def _winning_move(trace: _Trace) -> int:
+    """After how many moves the play won (0: it did not)."""
+    return len(trace.steps) if _won(trace.steps[-1] if trace.steps else None) else 0
+
+
+def _own_answer(trace: _Trace) -> str | None:
+    """The answer line of the solution fetched after a blind play (None: none could be had)."""
+    result = trace.solution
+    if result is None or result.error or not result.solution:
+        return None
+    return solution_answer([line for line in result.solution.splitlines() if line.strip()])
+
+
+def _level_kwargs(level: str | None) -> dict:
+    return {} if level is None else {"difficulty": level}
+
+
+def _at_level(level: str | None) -> str:
+    return "" if level is None else f"at difficulty {level!r}: "
 
 
 def _running(trace: _Trace) -> bool:
@@ -736,7 +865,7 @@ def _compare(seed: int | str, first: _Trace, second: _Trace) -> str | None:
     return None
 
 
-def _solution_problem(seed: int, trace: _Trace) -> str | None:
+def _solution_problem(seed: str, trace: _Trace) -> str | None:
     if trace.start.error:
         return f"reset({seed}) failed: {trace.start.error}"
     result = trace.solution
@@ -758,12 +887,12 @@ def _won(last) -> bool:
 def _replay_problem(script: _Script, trace: _Trace) -> str | None:
     error = trace.first_error()
     if error:
-        return f"replaying solution() for seed {script.seed}: {error}"
+        return f"replaying solution() for seed {_seed_label(script)}: {error}"
     last = trace.steps[-1] if trace.steps else None
     if _won(last):
         return None
     reward = last.raw_reward if last else 0.0
-    return (f"replaying solution() for seed {script.seed} did not win: reward {reward} after "
+    return (f"replaying solution() for seed {_seed_label(script)} did not win: reward {reward} after "
             f"{len(trace.steps)} of {len(script.actions)} actions"
             + (" (episode truncated)" if last is not None and last.truncated else ""))
 
