@@ -24,8 +24,10 @@ from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import loop
 
-# The secret is shown at "easy", on even seeds at "medium", never at "hard": an agent that reads
-# the observation solves easy always, medium on even seeds, hard never; solution() always wins.
+# The secret is shown at "easy", on even seeds at "medium" (the default), never outright at
+# "hard": an agent that reads "The secret is N" solves easy always, medium on even seeds, hard
+# never; solution() always wins. Where it is not shown outright the observation gives it plus
+# one, so solution() is a play (admission rejects one that reads state the agent cannot see).
 PEEK_ENV = r'''
 import random
 from spade_jax.envs import SUCCESS_REWARD, extract_boxed
@@ -41,7 +43,8 @@ class PeekEnv:
     def reset(self, seed=None):
         self.secret = random.Random(seed).randint(100, 999)
         shown = self.difficulty == "easy" or (self.difficulty == "medium" and seed % 2 == 0)
-        return ("The secret is %d. " % self.secret if shown else "Guess the secret. ") + "Answer in \\boxed{}.", {}
+        clue = "The secret is %d. " if shown else "The secret plus one is %d. "
+        return clue % (self.secret + (0 if shown else 1)) + "Answer in \\boxed{}.", {}
 
     def step(self, action):
         won = extract_boxed(action) == str(self.secret)
@@ -174,16 +177,29 @@ def test_calibration_picks_the_in_band_level_and_rejects_an_out_of_band_program(
     peek, shown = calibrate(policy, pool, [PEEK_ENV, SHOWN_ENV], AGENT, CalibrationConfig(seeds_per_level=4),
                             seed=MIXED_SEED, sample=peek_sample)
     medium = _even_seeds(MIXED_SEED, 4) / 4
-    assert peek.levels == ("easy", "medium", "hard")
-    assert peek.agent_rates == (1.0, medium, 0.0) and peek.solution_rates == (1.0, 1.0, 1.0)
-    assert peek.admitted and peek.level == "medium"
-    assert peek.gaps == (0.0, 1.0 - medium, 1.0) and peek.gap == 1.0 - medium
-    assert peek.reason.startswith("level 'medium' in band [0.125, 0.75]: agent easy 1.00 (solution 1.00), "
-                                  f"medium {medium:.2f} (solution 1.00), hard 0.00")
-    assert peek.episodes == 2 * 3 * 4
+    assert peek.levels == (None, "easy", "medium", "hard")  # the default (PEEK_ENV's is medium) plays too
+    assert peek.agent_rates == (medium, 1.0, medium, 0.0) and peek.solution_rates == (1.0, 1.0, 1.0, 1.0)
+    assert peek.admitted and peek.level == "medium"  # a declared level in band is preferred to the default
+    assert peek.gaps == (1.0 - medium, 0.0, 1.0 - medium, 1.0) and peek.gap == 1.0 - medium
+    assert peek.reason.startswith(f"level 'medium' in band [0.125, 0.75]: agent default {medium:.2f} (solution "
+                                  f"1.00), easy 1.00 (solution 1.00), medium {medium:.2f} (solution 1.00), hard 0.00")
+    assert peek.episodes == 2 * 4 * 4
     assert shown.levels == (None,) and not shown.admitted and shown.level is None and shown.gap is None
     assert shown.reason == "no verified level in band [0.125, 0.75]: agent default 1.00 (solution 1.00)"
-    assert json.loads(json.dumps(peek.to_dict()))["gap"] == [0.0, 1.0 - medium, 1.0]
+    assert json.loads(json.dumps(peek.to_dict()))["gap"] == [1.0 - medium, 0.0, 1.0 - medium, 1.0]
+
+
+def test_calibration_can_choose_the_default_level(pool, small_tokenizer):
+    """Only the default is in band (the declared levels show the secret always or never): the
+    program is admitted at its default level, which calibration used never to play."""
+    only_default = PEEK_ENV.replace('("easy", "medium", "hard")', '("easy", "hard")')
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer)
+    (result,) = calibrate(policy, pool, [only_default], AGENT, CalibrationConfig(seeds_per_level=4),
+                          seed=MIXED_SEED, sample=peek_sample)
+    medium = _even_seeds(MIXED_SEED, 4) / 4
+    assert result.levels == (None, "easy", "hard") and result.agent_rates == (medium, 1.0, 0.0)
+    assert result.admitted and result.level is None and result.gap == 1.0 - medium
+    assert result.reason.startswith("level 'default' in band")
 
 
 def test_calibration_config_is_validated_through_the_run_config():
@@ -269,10 +285,11 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
                         lambda *args, sample=None, **kwargs: real_play(*args, sample=peek_sample, **kwargs))
     (metrics,), run = _run_loop(c, tmp_path, small_tokenizer)
     assert metrics["designer/admitted"] == 1 and metrics["designer/rejected/calibration"] == 1
-    assert metrics["calibration/episodes"] == 2 * (3 + 1) * 4 and metrics["time/calibration_s"] > 0
+    assert metrics["calibration/episodes"] == 2 * (4 + 1) * 4 and metrics["time/calibration_s"] > 0
     medium = _even_seeds(calibration_seed, 4) / 4
-    assert metrics["calibration/agent_solve_rate_mean"] == pytest.approx((1.0 + medium + 0.0 + 1.0) / 4)
-    assert metrics["calibration/solve_verify_gap_mean"] == pytest.approx((0.0 + (1 - medium) + 1.0 + 0.0) / 4)
+    assert metrics["calibration/agent_solve_rate_mean"] == pytest.approx((medium + 1.0 + medium + 0.0 + 1.0) / 5)
+    assert metrics["calibration/solve_verify_gap_mean"] == pytest.approx(
+        ((1 - medium) + 0.0 + (1 - medium) + 1.0 + 0.0) / 5)
     assert metrics["agent/episodes"] == 4  # the admitted design only: 2 plain + 2 hinted
     assert metrics["memory/retired"] == 0  # the tiny random agent wins nothing
     assert run.memory.get("it0000-slot00").level == "medium"

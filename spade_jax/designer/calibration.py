@@ -1,14 +1,15 @@
 """Solver-relative difficulty calibration (EvoEnv): the stage after admission.
 
 For each newly admitted program the current agent plays greedily (temperature 0, the
-agent's own `max_turns`) on `seeds_per_level` fixed seeds at every level the program
-declares (`DIFFICULTY_LEVELS`, read with `sandbox.policy.difficulty_levels`; a program
-without levels has the single level None, its default). The environment's own `solution()`
+agent's own `max_turns`) on `seeds_per_level` fixed seeds at its default level (None) and
+at every level the program declares (`DIFFICULTY_LEVELS`, read with
+`sandbox.policy.difficulty_levels`; `candidate_levels`). The environment's own `solution()`
 is replayed on the same seeds under the same turn bound. A level is *verified* when its
 solution wins on every seed; among the verified levels whose agent solve rate lies in
-`band` (inclusive) the hardest (the last declared) is chosen, so the pool stays at the
-edge of what the agent can do. No such level: the program is rejected at stage
-"calibration", with every level's rates in the reason.
+`band` (inclusive) the last candidate is chosen: the hardest declared level, so the pool
+stays at the edge of what the agent can do, or the default when no declared level is in
+band. No such level: the program is rejected at stage "calibration", with every level's
+rates in the reason.
 
 The solve-verify gap of a level is its solution solve rate minus the agent's: how much of
 what the environment can verify the agent cannot yet do in natural language.
@@ -103,9 +104,16 @@ class CalibrationResult:
                 "seconds": round(self.seconds, 3)}
 
 
+def candidate_levels(code: str) -> tuple[str | None, ...]:
+    """The levels calibration plays, in order of preference (last wins a tie in band): the
+    default (None), then the declared ones, easiest first."""
+    return (None, *difficulty_levels(code))
+
+
 def choose_level(levels: Sequence[str | None], agent_rates: Sequence[float], solution_rates: Sequence[float],
                  band: tuple[float, float]) -> tuple[int | None, str]:
-    """The index of the hardest verified level whose agent rate lies in ``band`` (None: none) and why."""
+    """The index of the last verified level whose agent rate lies in ``band`` (None: none) and why;
+    ``levels`` in `candidate_levels` order, so the hardest declared level in band, else the default."""
     low, high = band
     shown = ", ".join(f"{'default' if level is None else level} {a:.2f} (solution {s:.2f})"
                       for level, a, s in zip(levels, agent_rates, solution_rates))
@@ -128,7 +136,7 @@ def calibrate(policy, pool, programs: Sequence[str], agent_cfg: AgentConfig, cfg
         return []
     started = time.perf_counter()
     seeds = [derive_seed(seed, j) % EPISODE_SEED_SPACE for j in range(cfg.seeds_per_level)]
-    cells = [(p, level) for p, code in enumerate(programs) for level in (difficulty_levels(code) or (None,))]
+    cells = [(p, level) for p, code in enumerate(programs) for level in candidate_levels(code)]
     requests = [EpisodeRequest(c, programs[p], s, env_kwargs=_kwargs(level))
                 for c, (p, level) in enumerate(cells) for s in seeds]
     greedy = dataclasses.replace(agent_cfg, temperature=0.0)
@@ -185,4 +193,5 @@ def _kwargs(level: str | None) -> dict:
     return {} if level is None else {"difficulty": level}
 
 
-__all__ = ["STAGE", "CalibrationConfig", "CalibrationResult", "calibrate", "choose_level", "replay_solutions"]
+__all__ = ["STAGE", "CalibrationConfig", "CalibrationResult", "calibrate", "candidate_levels", "choose_level",
+           "replay_solutions"]
