@@ -3,10 +3,10 @@
 Runs the bootstrap (or loads it from the cache), then does what the designer and agent do
 at iteration 0: designer prompts built from a memory seeded with the library (exemplars
 drawn from it, documents from the shipped corpus, skills and difficulties cycled), one
-batched sampler call, admission of every program through all seven stages with the seed
+batched sampler call, admission of every program through all eight stages with the seed
 sources as the novelty archive, then plain and hinted episodes on every admitted program.
 
-Admission counts as in the loop: all seven stages, then no near-duplicate of an earlier
+Admission counts as in the loop: all eight stages, then no near-duplicate of an earlier
 program of the same designer batch (``--batch``, the tiny preset's designer.num_slots).
 The bar: at least half of the designed programs are admitted, and the agent's plain win
 rate over the admitted pool is strictly between 0 and 1.

@@ -2,7 +2,7 @@
 
 In-process checks run each program (default knobs and every min/max knob combination)
 through reset determinism, solution replay, malformed actions and turn limits. The
-admission test runs the same renderings through the sandbox's seven stages.
+admission test runs the same renderings through the sandbox's eight stages.
 """
 
 import ast

@@ -82,7 +82,7 @@ def test_admit_cli_exit_codes_and_human_report(tmp_path):
     rejected.write_text("import os\n")
     out = _cli("admit", str(rejected))
     assert out.returncode == 1
-    assert "REJECTED" in out.stdout and "stage:     parse (1/7)" in out.stdout and "isolation:" in out.stdout
+    assert "REJECTED" in out.stdout and "stage:     parse (1/8)" in out.stdout and "isolation:" in out.stdout
     assert "import of 'os' is not allowed" in out.stdout
     assert _cli("admit", str(EXAMPLES / "tool_env.py")).returncode == 0
     missing = _cli("admit", str(tmp_path / "missing.py"))

@@ -4,7 +4,7 @@ A randomly initialised model writes no valid programs, so the CPU preset starts 
 policy trained once on the seed library (`bootstrap.data`):
 
 1. render ``num_programs`` structural variants of seed programs and keep those that pass
-   all seven admission stages against the seed sources (the iteration-0 archive);
+   all eight admission stages against the seed sources (the iteration-0 archive);
 2. play each admitted program by its own ``solution()`` in the sandbox, plain and hinted
    (on disjoint seeds);
 3. train a SentencePiece tokenizer on every training text;
@@ -334,7 +334,7 @@ def _cycle(items: list, i: int):
 
 
 def _admit(pool: SandboxPool, programs: list[data.Program], cfg: BootstrapConfig):
-    """The programs that pass all seven admission stages against the seed sources, with statistics."""
+    """The programs that pass all eight admission stages against the seed sources, with statistics."""
     clock = time.perf_counter()
     archive = [library.load_source(env.name) for env in library.SEED_ENVS]
     reports = admit_batch([designer_answer(p.code) for p in programs],

@@ -23,5 +23,5 @@ class NoisyEnv:
         won = extract_boxed(action) == str(self.n)
         return ("yes" if won else "no"), float(won), won, not won and self.turn >= self.max_turns, {}
 
-    def solution(self):
-        return "\\boxed{%d}" % self.n
+    def solution(self):  # a play: guess 1, 2, 3 in turn until "yes"
+        return "\n".join("\\boxed{%d}" % guess for guess in range(1, self.n + 1))
