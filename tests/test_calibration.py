@@ -23,6 +23,7 @@ from spade_jax.sandbox.policy import PolicyError, difficulty_levels
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import loop
+from spade_jax.selfplay.components import PHASES
 
 # The secret is shown at "easy", on even seeds at "medium", never at "hard": an agent that reads
 # the observation solves easy always, medium on even seeds, hard never; solution() always wins.
@@ -221,7 +222,8 @@ def test_rotation_retires_mastered_records_and_replays_skip_them():
     assert record.retired_reason == "mastered: plain win rate 0.88 over the last 8 plays > 0.5"
     assert memory.retire_mastered(5, 0.5, 8) == []  # retired once
     fake = types.SimpleNamespace(config=types.SimpleNamespace(seed=0, agent=types.SimpleNamespace(replay_envs=10)),
-                                 state=types.SimpleNamespace(pool=[]), memory=memory)
+                                 state=types.SimpleNamespace(pool=[]), memory=memory,
+                                 context=types.SimpleNamespace(seed=lambda it, phase: derive_seed(0, it, PHASES[phase])))
     replays = loop.SelfPlay._replays(fake, 6)
     assert [e.env_id for e in replays] == ["at-threshold", "few-plays"]
     memory.get("at-threshold").level = "medium"
@@ -256,8 +258,8 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
     c.agent.max_turns = 1
     c.calibration.enabled = True
     c.calibration.retire_win_rate = 0.5
-    c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, loop._PHASES["calibration"]), 4) < 4)
-    calibration_seed = derive_seed(c.seed, 0, loop._PHASES["calibration"])
+    c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, PHASES["calibration"]), 4) < 4)
+    calibration_seed = derive_seed(c.seed, 0, PHASES["calibration"])
 
     def admit(samples, pool, memory, admission, seed=None):  # slot 0 writes PEEK_ENV, slot 1 SHOWN_ENV
         return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=(PEEK_ENV, SHOWN_ENV)[s.slot]))

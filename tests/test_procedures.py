@@ -255,9 +255,10 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
     from spade_jax.selfplay.state import PoolEnv
 
     run = random_selfplay(tmp_path, _procedures_on)
+    procedures = run.components.named("procedures")
     try:
         env = PoolEnv("seed-shopping", library.load_source("shopping"), "mathematical reasoning", None, 0)
-        assert run._guidance(env) is None
+        assert procedures.guidance(env) is None
         won = _messages((_call("price", item="apple"), "One apple costs 3 coins."), "<answer>3</answer>")
         lost = _messages("<answer>9</answer>")
 
@@ -266,30 +267,29 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
             return types.SimpleNamespace(request=request, hinted=hinted, messages=messages, won=won_,
                                          end_reason="terminated", turns=len(messages) // 2)
 
-        metrics = {}
-        run._learn_procedures([env], [play(True, won, True), play(False, lost, False)], metrics)
+        metrics = procedures.observe([env], [play(True, won, True), play(False, lost, False)])
         assert metrics["procedures/transitions"] == 0  # the hinted win is not learned from; the loss adds nothing
-        run._learn_procedures([env], [play(False, won, True), play(False, lost, False, "G"), play(True, lost, False)],
-                              metrics)
+        metrics = procedures.observe([env], [play(False, won, True), play(False, lost, False, "G"),
+                                             play(True, lost, False)])
         assert metrics == {"procedures/keys": 1, "procedures/transitions": 3, "procedures/guided_episodes": 1}
-        assert run.procedures.transition("mathematical reasoning", "answer", "END") == (1, 2)
-        text = run._guidance(env)
+        assert procedures.memory.transition("mathematical reasoning", "answer", "END") == (1, 2)
+        text = procedures.guidance(env)
         assert text == "A procedure that won before (reliability 0.22): 1. call price  2. answer"
-        assert run._program_guidance(library.load_source("arithmetic")) == text  # a held-out family of the skill
+        assert procedures.heldout_guidance(library.load_source("arithmetic")) == text  # a held-out family of the skill
         summary = json.loads((tmp_path / PROCEDURES_FILE).read_text())
         assert summary["mathematical reasoning"]["preplay"]["text"] == text
         section = _procedures(tmp_path)
         assert "mathematical reasoning" in section and "call price" in section
         assert [section.count(r) for r in ("0.67", "0.50")] == [2, 1]
 
-        meta = json.loads(json.dumps(run._meta()))
-        digest = run.state_digest()
-        run.procedures = ProcedureMemory(run.procedure_cfg)
-        assert run.state_digest() != digest
-        run._load_meta(meta)
-        assert run._guidance(env) == text and run.state_digest() == digest
-        run._load_meta({k: v for k, v in meta.items() if k != "procedures"})  # a checkpoint from before
-        assert run.procedures.num_transitions == 0
+        meta = json.loads(json.dumps(run.lifecycle.meta()))
+        digest = run.lifecycle.state_digest()
+        procedures.memory = ProcedureMemory(procedures.cfg)
+        assert run.lifecycle.state_digest() != digest
+        run.lifecycle.load_meta(meta)
+        assert procedures.guidance(env) == text and run.lifecycle.state_digest() == digest
+        run.lifecycle.load_meta({k: v for k, v in meta.items() if k != "procedures"})  # a checkpoint from before
+        assert procedures.memory.num_transitions == 0
     finally:
         run.close()
 
@@ -304,10 +304,10 @@ def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_
     run = random_selfplay(tmp_path, _procedures_on)
     try:
         for skill in SKILLS:
-            run.procedures.update(skill, [Step("answer", "win")], True)
+            run.components.named("procedures").memory.update(skill, [Step("answer", "win")], True)
         (metrics,) = run.run(1)
         (env,) = run._replays(0)
-        state = run.procedures.to_state()
+        state = run.components.named("procedures").to_state()
     finally:
         run.close()
     assert metrics["agent/episodes"] == 4 and metrics["procedures/guided_episodes"] == 4
@@ -316,6 +316,6 @@ def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_
     assert count == 3 and success == 1 + 2 * metrics["agent/plain_win_rate"]  # the two plain plays, not the hinted
     resumed = random_selfplay(tmp_path, _procedures_on)
     try:
-        assert resumed.restore() and resumed.procedures.to_state() == state
+        assert resumed.lifecycle.restore() and resumed.components.named("procedures").to_state() == state
     finally:
         resumed.close()

@@ -386,11 +386,12 @@ def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):
 def test_an_agent_token_budget_ends_the_run_evaluates_its_last_iteration_and_resumes(
         tmp_path, small_tokenizer, canned_sampler, random_selfplay, monkeypatch):
     from spade_jax.envs import library
+    from spade_jax.selfplay.components import evaluation
 
     sample = canned_sampler(small_tokenizer.encode("<answer>1</answer>"))
     monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=sample, **k))
     evaluated = []
-    monkeypatch.setattr(loop.SelfPlay, "_evaluate", lambda self, step: evaluated.append(step) or {})
+    monkeypatch.setattr(evaluation.Evaluation, "run", lambda self, step: evaluated.append(step) or {})
 
     def configure(budget):
         def edit(c):
@@ -413,7 +414,7 @@ def test_an_agent_token_budget_ends_the_run_evaluates_its_last_iteration_and_res
     monkeypatch.setattr(loop.SelfPlay, "iteration", lambda self, it: ({"agent/generated_tokens": per_iteration}, []))
     larger = random_selfplay(tmp_path, configure(2 * per_iteration + 1))
     try:
-        assert len(larger.run()) == 3 and larger.agent_tokens() == 3 * per_iteration
+        assert len(larger.run()) == 3 and larger.lifecycle.agent_tokens() == 3 * per_iteration
     finally:
         larger.close()
 

@@ -247,18 +247,19 @@ def test_an_exported_record_round_trips_through_a_tool_chat_template(pool):
 
 
 def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, random_selfplay, monkeypatch):
-    from spade_jax.selfplay import loop
+    from spade_jax.trajectories import run as synthesis
 
     def configure(c):
         c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
         c.trajectories.chain.max_calls = 3
 
-    monkeypatch.setattr(loop, "complete_chats",
+    monkeypatch.setattr(synthesis, "complete_chats",
                         lambda policy, chats, **unused: [types.SimpleNamespace(text=t) for t in _canned_queries(chats)])
-    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    monkeypatch.setattr(synthesis, "play_episodes",
+                        lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
     run = random_selfplay(tmp_path, configure)
     try:
-        metrics = run._synthesize_trajectories(4)
+        metrics = run.components.named("trajectories").run(5)
     finally:
         run.close()
     # memory's newest tool-use program (the seed library's first: shopping); the first query names price(

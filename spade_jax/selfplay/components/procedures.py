@@ -1,0 +1,62 @@
+"""Procedure memory (ProPlay) as an agent component: preplay guidance for each episode, learned
+from the plain episodes the agent finished, checkpointed with the run (`agent/procedures.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from spade_jax.agent.procedures import PROCEDURES_FILE, ProcedureMemory, abstract
+from spade_jax.selfplay import config as config_lib
+from spade_jax.selfplay.components.base import Context
+
+
+class Procedures:
+    name = "procedures"
+    kind = "agent"
+    state_key = "procedures"
+
+    def __init__(self, context: Context):
+        self.context = context
+        self.cfg = config_lib.procedure_config(context.config)
+        self.memory = ProcedureMemory(self.cfg)
+
+    def guidance(self, env) -> str | None:
+        """The preplay text for a pool environment."""
+        return self.memory.guidance(self.memory.key(env.code, env.skill))
+
+    def heldout_guidance(self, program: str) -> str | None:
+        """The preplay text for a held-out program (its skill read from its docstring, or its family)."""
+        return self.memory.guidance(self.memory.key(program))
+
+    def observe(self, envs: Sequence, episodes: Sequence) -> dict[str, float]:
+        """Counts the plain episodes into memory and writes its summary (`procedures.json`, for the
+        gallery). Hinted plays are left out: they follow a privileged hint, and their procedures
+        would overstate what the agent does alone."""
+        for t in episodes:
+            env = envs[t.request.env_key]
+            key = self.memory.key(env.code, env.skill)
+            if not t.hinted and key is not None and t.turns:
+                self.memory.update(key, abstract(t.messages, t.won, t.end_reason), t.won)
+        if self.context.main:
+            path = os.path.join(self.context.workdir, PROCEDURES_FILE)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(self.memory.summary(), f, indent=1, sort_keys=True)
+            os.replace(path + ".tmp", path)
+        return {
+            "procedures/keys": len(self.memory.keys()),
+            "procedures/transitions": self.memory.num_transitions,
+            "procedures/guided_episodes": sum(t.request.guidance is not None for t in episodes),
+        }
+
+    def to_state(self) -> dict:
+        return self.memory.to_state()
+
+    def load_state(self, state: dict | None) -> None:
+        """A checkpoint from before procedure memory (or without it) starts empty."""
+        self.memory = ProcedureMemory.from_state(self.cfg, state or {})
+
+
+def build(context: Context) -> Procedures | None:
+    return Procedures(context) if config_lib.procedure_config(context.config).enabled else None

@@ -1,0 +1,61 @@
+"""Synthesis with a policy: the query writer and calibrating agent a policy plays, the programs
+a run's memory offers, and the files a synthesis writes. Shared by the command line
+(`python -m spade_jax.trajectories`) and the self-play job (`selfplay/components/synthesis.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Callable, Sequence
+
+from spade_jax.agent import AgentConfig, play_episodes
+from spade_jax.sampling.chat import complete_chats
+from spade_jax.trajectories.export import Example, rl_task, sft_record, write_jsonl
+from spade_jax.trajectories.graph import NotToolUse, read_tool_schemas
+from spade_jax.trajectories.synth import EnvReport, SynthConfig, summary_table
+
+
+def policy_players(policy, pool, agent_cfg: AgentConfig, cfg: SynthConfig) -> tuple[Callable, Callable]:
+    """`(complete, play)` for `synthesize`: the policy writes queries at `cfg.query`'s settings and
+    plays the calibrating agent greedily, with room for the longest chain plus an answer."""
+    agent = dataclasses.replace(agent_cfg, temperature=0.0, max_turns=max(agent_cfg.max_turns, cfg.chain.max_calls + 2))
+
+    def complete(chats):
+        return [c.text for c in complete_chats(policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+                                               temperature=cfg.query.temperature, seed=cfg.seed)]
+
+    def play(requests):
+        return play_episodes(policy, pool, requests, agent, seed=cfg.seed)
+
+    return complete, play
+
+
+def newest_tool_programs(records: Sequence, max_envs: int) -> list[tuple[str, str]]:
+    """`(env_id, code)` of the newest `max_envs` tool-use programs among memory `records`."""
+    programs = []
+    for record in sorted(records, key=lambda r: r.iteration_added, reverse=True):
+        try:
+            read_tool_schemas(record.code)
+        except NotToolUse:
+            continue
+        programs.append((record.env_id, record.code))
+        if len(programs) == max_envs:
+            break
+    return programs
+
+
+def write_outputs(out_dir: str, examples: Sequence[Example], reports: Sequence[EnvReport]) -> None:
+    """`sft.jsonl` (chat records), `rl.jsonl` (tasks) and `summary.md` (per environment) in `out_dir`."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_jsonl(os.path.join(out_dir, "sft.jsonl"), (sft_record(e) for e in examples))
+    write_jsonl(os.path.join(out_dir, "rl.jsonl"), (rl_task(e) for e in examples))
+    with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(summary_table(reports) + "\n")
+
+
+def metrics(num_programs: int, examples: Sequence[Example], reports: Sequence[EnvReport]) -> dict[str, float]:
+    chains = sum(r.chains for r in reports)
+    return {"trajectories/envs": num_programs, "trajectories/chains": chains, "trajectories/kept": len(examples),
+            "trajectories/acceptance": len(examples) / chains if chains else math.nan,
+            "trajectories/by_agent": sum(r.by_agent for r in reports)}
