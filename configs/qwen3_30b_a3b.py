@@ -15,7 +15,7 @@ gives the rest of the slice to tensor:
 - 8x H100 (80 GB): as H200 plus --config.model.param_dtype=bfloat16 (f32 master weights,
   Adam moments and the KL reference do not fit beside the update).
 The other three come from the memory plan, not from a compile:
-`python -m spade_jax.models.memory_plan --config=configs/qwen3_30b_a3b.py --devices=N --chip=...`
+`python -m spade_jax.sampling.memory_plan --config=configs/qwen3_30b_a3b.py --devices=N --chip=...`
 prints the per-device plan of each (with the same overrides).
 """
 

@@ -103,15 +103,11 @@ def main(argv) -> None:
     _init_distributed()
     import jax
 
+    from spade_jax import cli
     from spade_jax.selfplay import loop
-    from spade_jax.selfplay.config import validate
 
-    config = flags.FLAGS.config
+    config = cli.validated(flags.FLAGS.config)
     workdir = os.path.abspath(flags.FLAGS.workdir)
-    try:
-        validate(config, jax.device_count())
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
     config_json = json.loads(config.to_json())
     check_workdir(workdir, config_json, flags.FLAGS.allow_config_change)
     if jax.process_index() == 0:

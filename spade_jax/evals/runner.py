@@ -28,7 +28,7 @@ from spade_jax.progress import progress_bar
 from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.seeds import derive_seed
-from spade_jax.selfplay.runlog import jsonable
+from spade_jax.jsonable import jsonable
 
 
 @dataclasses.dataclass(frozen=True)
