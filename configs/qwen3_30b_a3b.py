@@ -48,11 +48,11 @@ def get_config(arg=None):
     c.designer.max_new_tokens = 6144
     c.designer.num_slots = 48  # the reference plays 24 games per rollout; spare slots for rejected designs
 
-    # From the reference (DESIGN.md): KL 0.005 to the initial policy for the 30B tool-use
-    # recipe; 16 episodes per environment, up to 25 turns; a new pool every 4 rollouts with the
-    # designer's reward delayed 4 and auto-scaled; 3 of the 6 skills per regeneration;
-    # environments designed at temperature 0.6, hints written at 0.3. Adam (lr 1e-6, wd 0.1,
-    # betas 0.9/0.98) and the clip range 0.2/0.28 are the base config's defaults already.
+    # From the reference (docs/DESIGN.md, reference behaviour): KL 0.005 to the initial policy for
+    # the 30B tool-use recipe; 16 episodes per environment, up to 25 turns; a new pool every 4
+    # rollouts with the designer's reward delayed 4 and auto-scaled; 3 of the 6 skills per
+    # regeneration; environments designed at temperature 0.6, hints written at 0.3. Adam (lr
+    # 1e-6, wd 0.1, betas 0.9/0.98) and the clip range 0.2/0.28 are the base config's defaults.
     c.rl.kl_coef = 0.005
     c.agent.episodes_per_env = 16
     c.agent.max_turns = 25

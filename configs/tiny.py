@@ -47,10 +47,9 @@ def get_config(arg=None):
     c.agent.max_turns = boot.agent_max_turns
     c.hints.mode = "solution"
     # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
-    # repertoire is its 48 training renderings, and at its own 0.85 an untrained designer's
-    # admission falls to 1-3 of 8 by the second design round from repeats alone, at 1.0 it stays
-    # at 5-7 (bench/designer_repeats.py, bench/RESULTS.md 2026-12-02). The reference has no
-    # novelty stage at all.
+    # repertoire is its training renderings, so at a lower threshold its admission collapses after
+    # the first design round, from near-repeats of earlier designs (bench/designer_repeats.py).
+    # The reference has no novelty stage at all.
     c.admission.novelty_threshold = 1.0
 
     c.designer.num_slots = 8
@@ -64,7 +63,8 @@ def get_config(arg=None):
     c.agent.replay_envs = 2
     # Design every 2 iterations and score a design on both iterations of its pool (the
     # reference regenerates every 4 and delays by 4: with 10 iterations that is 3 designs);
-    # two updates per batch so the PPO ratio moves; lr 1e-4 (1e-5 moved nothing in 10 iterations).
+    # two updates per batch so the PPO ratio moves; lr 1e-4, large enough to move a small model
+    # trained from scratch within ten iterations (1e-5 does not).
     c.designer.regeneration_period = 2
     c.designer.reward_delay = 2
     c.rl.lr = 1e-4

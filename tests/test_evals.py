@@ -312,3 +312,55 @@ def test_the_runner_plays_a_suites_episodes_under_its_system_prompt_and_action_r
     row = json.loads((tmp_path / "recorded.jsonl").read_text())
     assert result.summary["items"] == 1 and row["output"][0] == {"role": "system", "content": "Benchmark rules."}
     assert recording.actions == ["whole:" + row["output"][2]["content"]]
+
+
+class _ChatSuite:
+    """A suite of chats ``prompts`` (texts); ``fail``: its scoring raises."""
+
+    def __init__(self, name, prompts, max_new_tokens, fail=False):
+        self.name, self.prompts, self.fail = name, prompts, fail
+        self.settings = GenerationSettings(max_new_tokens=max_new_tokens)
+
+    def items(self, limit, seed):
+        return [Item(f"{self.name}/{i}", messages=({"role": "user", "content": p},)) for i, p in enumerate(self.prompts)]
+
+    def score(self, item, reply, context):
+        if self.fail:
+            raise RuntimeError("the checker broke\non two lines")
+        return Score(0.0, False, {"chars": len(reply)})
+
+
+def test_reply_budgets_are_fitted_to_the_room_each_prompt_leaves(small_tokenizer, tmp_path):
+    """A 160-position model, 64-token replies asked: a short prompt gets them all, a long one the room
+    it leaves (recorded in its details and the summary), one that fills the model none (it scores 0
+    with the reason, unsampled) instead of the engine raising for the whole suite."""
+    config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=160)
+    policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
+    words = "the quick brown fox jumps over the lazy dog "
+    prompts = ["hello", words * 3, words * 40]
+    lengths = [len(small_tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
+               for p in prompts]
+    assert lengths[0] + 64 <= 160 < lengths[1] + 64 and lengths[1] < 160 <= lengths[2]
+    suite = _ChatSuite("fit", prompts, 64)
+    result = runner.run_suite(policy, None, suite, runner.EvalConfig(), AgentConfig(), tmp_path, progress=False)
+    assert result.summary["reply_budget"] == {"requested": 64, "used_min": 160 - lengths[1], "clamped": 1,
+                                              "no_room": 1, "max_positions": 160}
+    rows = [json.loads(line) for line in (tmp_path / "fit.jsonl").read_text().splitlines()]
+    assert "max_new_tokens" not in rows[0]["details"] and rows[1]["details"]["max_new_tokens"] == 160 - lengths[1]
+    assert rows[2]["score"] == 0.0 and rows[2]["output"] == ""
+    assert rows[2]["details"]["error"] == f"no room to reply: the prompt's {lengths[2]} tokens fill the model's 160 positions"
+    assert "1 replies clamped to as few as" in runner.table([result]) and "1 without room" in runner.table([result])
+
+
+def test_a_suite_that_fails_while_running_is_one_line_and_the_others_run(policy, tmp_path, monkeypatch, capsys):
+    suites = {"gpqa:a": _ChatSuite("a", ["hi"], 4, fail=True), "gpqa:b": _ChatSuite("b", ["hi"], 4)}
+    monkeypatch.setattr(runner, "make_suite", lambda spec, settings, cfg: suites[spec])
+    results = runner.run_suites(policy, None, runner.EvalConfig(suites="gpqa:a,gpqa:b"), AgentConfig(), tmp_path,
+                                progress=False)
+    assert results[0].summary is None and results[0].error == "RuntimeError: the checker broke on two lines"
+    assert results[1].summary["items"] == 1
+    out = capsys.readouterr().out
+    assert "eval gpqa:a: failed: RuntimeError: the checker broke on two lines\n" in out
+    assert "| gpqa:a | - | - | - | - | failed: RuntimeError: the checker broke on two lines |" in runner.table(results)
+    assert set(runner.metrics(results)) == {"eval/b/score", "eval/b/solved", "eval/b/pass@1"}

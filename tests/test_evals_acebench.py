@@ -244,3 +244,28 @@ def test_a_reply_with_values_json_cannot_hold_is_scored_not_raised(suite):
     score = suite.score(_item(suite, "normal_single_turn_single_function_0"), reply, None)
     assert score.value == 0.0
     json.dumps(score.details)
+
+
+@pytest.mark.parametrize("reply", [
+    "[login_device(), view_reminder_by_title(title=[[[0]*10000]*10000]*10)]",  # 10^9 elements in 70 characters
+    "[f(a=[['x' * 10000] * 10000])]",
+    "[f(a=[0]*9000 + [0]*9000)]",
+    "[f(a=[0]*9000, b=[0]*9000, c=[0]*9000, d=[0]*9000, e=[0]*9000, f=[0]*9000, g=[0]*9000, h=[0]*9000, "
+    "i=[0]*9000, j=[0]*9000, k=[0]*9000, l=[0]*9000)]",
+])
+def test_a_literal_is_bounded_by_its_total_size_not_each_product(reply):
+    """Each product of these is within the per-product bound; what they build, nested or added up, is not."""
+    from spade_jax.evals import bounded
+
+    try:
+        calls = acebench.parse_calls(reply)
+    except acebench.ParseError as err:
+        assert "too large" in str(err)
+        return
+    pytest.fail(f"parsed into {bounded.literal_size(calls)} elements and characters")
+
+
+def test_small_products_still_parse():
+    assert acebench.parse_calls("[f(a=[0]*3, b='ab'*2, c=[[1]*2]*2)]") == [{"f": {"a": [0, 0, 0], "b": "abab",
+                                                                                  "c": [[1, 1], [1, 1]]}}]
+    assert acebench.parse_calls("[f(a=[0]*10000)]")[0]["f"]["a"] == [0] * 10000

@@ -313,3 +313,97 @@ def test_a_tiny_policy_plays_every_item_end_to_end(small_tokenizer, tmp_path):
     opening = rows["agent_multi_turn_0"]["output"][1]["content"]
     assert agent.BASE_PROMPT_EN in opening and "Conversation history 1..t:\nuser:" in opening
     assert (tmp_path / "a" / "acebench-agent.md").exists() and (tmp_path / "a" / "acebench-agent.json").exists()
+
+
+# A child process, its address space capped at 1 GiB, steps replies on a multi_step item and
+# reports each step's seconds and observation: a reply that builds a huge value fails the
+# test (a MemoryError inside the call, or the timeout) instead of filling the machine.
+_HOSTILE_CHILD = r"""
+import json, resource, sys, time, types
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, resource.RLIM_INFINITY))
+from spade_jax.evals.suite import GenerationSettings
+from spade_jax.evals.suites import acebench_agent as agent
+from spade_jax.sandbox.records import EpisodeSpec
+suite = agent.make(sys.argv[1], GenerationSettings(), types.SimpleNamespace(limit=0, seed=0, acebench_dir=""))
+pool = agent.AgentPool(suite.references, None)
+(start,) = pool.start([EpisodeSpec(program="agent_multi_step_1")])
+for reply in json.loads(sys.argv[2]):
+    began = time.perf_counter()
+    (result,) = pool.step([start.episode_id], [reply])
+    print(json.dumps({"s": time.perf_counter() - began, "observation": result.observation[:300]}), flush=True)
+"""
+
+
+def test_a_short_reply_that_builds_a_huge_literal_runs_nothing():
+    import subprocess
+    import sys
+
+    replies = ["[login_device(), view_reminder_by_title(title=[[[0]*10000]*10000]*10)]", "[login_device()]"]
+    try:
+        done = subprocess.run([sys.executable, "-c", _HOSTILE_CHILD, str(FIXTURE), json.dumps(replies)],
+                              capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the reply did not return in 60 s; reported so far: {err.stdout}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    hostile, fine = [json.loads(line) for line in done.stdout.splitlines()]
+    assert hostile["s"] < 5 and hostile["observation"] == f"execution result:{agent.NUDGE}", hostile
+    assert fine["observation"] == "execution result:[{'status': True, 'message': 'Device has been logged in'}]"
+
+
+def test_the_score_judges_what_the_pool_executed_not_a_cut_of_it():
+    """The pool reads whole replies; the score replays those, not the agent's parsed action (cut at
+    512 characters): milestones padded past the cut execute nothing in play and score 0, and a
+    correct reply longer than the cut executes whole in play and scores 1, as the pool rewarded."""
+    suite = _suite()
+    item = _item(suite, "agent_multi_step_1")
+    login, reminder, finish = agent.reference_replies(item.reference)
+    padded = [login + " " * 600 + "(done)", reminder + " " * 600 + "(done)", finish]
+    score, results = _play(suite, item, padded)
+    assert results[-1].terminated and results[-1].reward == 0.0
+    assert [r.observation for r in results[:2]] == [f"execution result:{agent.NUDGE}"] * 2
+    assert score.value == 0.0 and not score.solved and score.details["executed"] == padded[:2]
+    long = [login[:-1] + ", " + " " * 600 + reminder[1:], finish]
+    score, results = _play(suite, item, long)
+    assert results[-1].terminated and results[-1].reward == 1.0
+    assert score.value == 1.0 and score.solved and score.details["executed"] == long[:1]
+
+
+def test_an_item_past_its_work_budget_ends_failed_with_the_reason():
+    from spade_jax.evals import bounded
+
+    suite = dataclasses.replace(_suite(), work_s=0.0)
+    item = _item(suite, "agent_multi_step_1")
+    pool = suite.episode_pool(types.SimpleNamespace(policy=None, seed=0))
+    (start,) = pool.start([EpisodeSpec(program=item.program)])
+    (first,) = pool.step([start.episode_id], ["[login_device()]"])
+    assert first.truncated and first.error.startswith(bounded.BUDGET_EXCEEDED)
+    trajectory = types.SimpleNamespace(messages=[{"role": "assistant", "content": "[login_device()]"}], turns=1,
+                                       end_reason="error", error=first.error)
+    score = suite.score(item, trajectory)
+    assert score.value == 0.0 and score.details["error"] == first.error
+
+
+def test_the_simulated_users_replies_fit_the_model(monkeypatch):
+    """The user's chat grows with the episode: its reply budget is clamped to the room the model has
+    left, and a chat with no room ends the episode with the reason instead of raising in the engine."""
+    from spade_jax.sampling import chat
+
+    asked = []
+
+    def complete(policy, chats, *, max_new_tokens, limits=None, **kwargs):
+        asked.append((max_new_tokens, list(limits) if limits is not None else None))
+        return [types.SimpleNamespace(text="finish conversation") for _ in chats]
+
+    monkeypatch.setattr(chat, "complete_chats", complete)
+    tokenizer = types.SimpleNamespace(apply_chat_template=lambda messages, **_: [0] * sum(len(m["content"]) for m in messages))
+    policy = types.SimpleNamespace(tokenizer=tokenizer, config=types.SimpleNamespace(max_position_embeddings=1000))
+    monkeypatch.setattr(agent, "prompt_text", lambda tokenizer, text: text)
+    user = agent.PolicyUser(policy, 512, 0)
+    lines = user([[{"role": "user", "content": "x" * 300}], [{"role": "user", "content": "x" * 700}],
+                  [{"role": "user", "content": "x" * 1000}]])
+    assert asked == [(512, [512, 300])] and lines == ["finish conversation", "finish conversation", None]
+    suite = _suite()
+    item = _item(suite, "agent_multi_turn_0")
+    pool = agent.AgentPool(suite.references, lambda chats: [None for _ in chats])
+    (start,) = pool.start([EpisodeSpec(program=item.program)])
+    assert not start.ok and "no longer fits the model" in start.error

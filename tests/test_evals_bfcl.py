@@ -173,3 +173,90 @@ def test_a_tiny_policy_plays_bfcl_end_to_end(small_tokenizer, tmp_path, monkeypa
     assert rows == (tmp_path / "b" / "bfcl.jsonl").read_text()
     assert '"end": "terminated"' in rows
     assert (tmp_path / "a" / "bfcl.md").exists() and (tmp_path / "a" / "bfcl.json").exists()
+
+
+# A child process plays hostile replies on a MathAPI entry and reports, per reply, how long the
+# step took, what it observed and mpmath's and decimal's precision afterwards: a call that hangs
+# fails the test at the timeout instead of blocking the run.
+_COSTLY_CHILD = r"""
+import json, sys, time, types, decimal, mpmath
+from spade_jax.evals.suite import GenerationSettings
+from spade_jax.evals.suites import bfcl
+from spade_jax.sandbox.records import EpisodeSpec
+suite = bfcl.make("base", GenerationSettings(), types.SimpleNamespace(limit=0, seed=0))
+pool = suite.episode_pool(None)
+(start,) = pool.start([EpisodeSpec(program="multi_turn_base_15", seed=0)])
+for reply in json.loads(sys.argv[1]):
+    began = time.perf_counter()
+    (result,) = pool.step([start.episode_id], [reply])
+    print(json.dumps({"reply": reply, "s": time.perf_counter() - began, "observation": result.observation[:300],
+                      "dps": mpmath.mp.dps, "prec": decimal.getcontext().prec}), flush=True)
+"""
+
+
+def _run_child(replies, timeout=60):
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _COSTLY_CHILD, json.dumps(replies)], capture_output=True,
+                              text=True, timeout=timeout, cwd=Path(__file__).parents[1])
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the replies did not return in {timeout} s; reported so far: {err.stdout}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_costly_parameters_as_floats_or_strings_are_refused_before_they_run():
+    """The precision and exponent caps hold whatever the literal's type: a float or a numeric string
+    reaches mpmath's precision as well as an int does (``precision=1000000.0`` ran for minutes)."""
+    hostile = ["[logarithm(value=10.0, base=2.0, precision=1000000.0)]",
+               "[logarithm(value=10.0, base=2.0, precision='20000')]",
+               "[logarithm(value=10.0, base=2.0, precision=b'20000')]",
+               "[logarithm(value=10.0, base=2.0, precision=' 2_0000 ')]",
+               "[logarithm(10.0, 2.0, '1e6')]",
+               "[logarithm(value=10.0, base=2.0, precision=float('inf'))]",
+               "[square_root(number=2.0, precision=100000.0)]",
+               "[round_number(number=5, decimal_places=-1000000)]"]
+    for row in _run_child(hostile):
+        assert row["observation"].startswith("Error:") and "Nothing was executed" in row["observation"], row
+        assert row["s"] < 5 and row["dps"] == 15, row
+
+
+def test_a_call_changes_no_numeric_state_of_the_process(suite):
+    """Allowed precisions run, and mpmath's precision and decimal's context are what they were after
+    the pool's step and after the checker's replay (the package sets both globally)."""
+    import decimal
+
+    import mpmath
+
+    allowed = ["[logarithm(value=10.0, base=2.0, precision=500)]", "[square_root(number=2.0, precision=900)]"]
+    rows = _run_child(allowed)
+    assert "'result'" in rows[0]["observation"] and "Error" not in rows[0]["observation"]
+    assert [(r["dps"], r["prec"]) for r in rows] == [(15, 28), (15, 28)]
+    before = (mpmath.mp.prec, decimal.getcontext().prec)
+    turns = len(suite.truth["multi_turn_base_15"])
+    suite.check("multi_turn_base_15", [[[call[1:-1] for call in allowed]]] + [[] for _ in range(turns - 1)])
+    assert (mpmath.mp.prec, decimal.getcontext().prec) == before
+
+
+def test_the_arguments_of_one_reply_are_bounded_in_total_size(suite):
+    parameters = bfcl._parameters(suite.entries["multi_turn_base_15"])
+    numbers = "[" + ", ".join(["1.5"] * 120_000) + "]"
+    with pytest.raises(bfcl.Refused, match="too large"):
+        bfcl.decode_calls(f"[mean(numbers={numbers})]", parameters)
+    assert bfcl.decode_calls("[mean(numbers=[1.5, 2.5])]", parameters) == ["mean(numbers=[1.5, 2.5])"]
+
+
+def test_an_item_past_its_work_budget_ends_failed_with_the_reason(suite):
+    from spade_jax.evals import bounded
+
+    entry_id = "multi_turn_base_0"
+    spent = dataclasses.replace(suite, work_s=0.0)
+    results, _ = _play(spent, entry_id, _ground_truth_replies(suite, entry_id))
+    assert len(results) == 2 and results[-1].truncated and results[-1].error.startswith(bounded.BUDGET_EXCEEDED)
+    trajectory = SimpleNamespace(messages=[{"role": "assistant", "content": _ground_truth_replies(suite, entry_id)[0]}],
+                                 end_reason="error", error=results[-1].error)
+    scored = spent.score(_item(suite, entry_id), trajectory)
+    assert scored.value == 0.0 and scored.details["error_type"] == "budget"
+    assert scored.details["error"].startswith(bounded.BUDGET_EXCEEDED)

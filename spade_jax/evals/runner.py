@@ -22,6 +22,7 @@ import numpy as np
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.agent.actions import parse_action
+from spade_jax.evals.bounded import BudgetRecord, reply_budgets
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
@@ -79,12 +80,14 @@ class EvalConfig:
 
 @dataclasses.dataclass
 class SuiteResult:
-    """One suite's outcome: its summary (None when it could not run, with the reason)."""
+    """One suite's outcome: its summary, or None with the reason: ``unavailable`` (it could not
+    be built: a package or data missing) or ``error`` (it raised while it ran)."""
 
     spec: str
     name: str
     summary: dict | None
     unavailable: str | None = None
+    error: str | None = None
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -124,11 +127,23 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
     """Plays and scores every item of ``suite`` (``settings.samples`` times each); writes its files
     under ``out_dir`` (None: none, e.g. on the non-main processes of a multi-process run).
     ``items``: the suite's items when the caller has listed them already. ``guidance(program)``
-    (procedure memory's preplay) goes into the first observation of the episodes of a suite
+    (procedure memory's preplay; the loop passes its seed library's graphs only, so held-out
+    evaluation sees nothing a designed program wrote) goes into the first observation of the episodes of a suite
     that takes it (``suite.guided``: the environment suites; benchmarks stay as published);
-    the summary's ``guided`` counts the episodes that got some."""
+    the summary's ``guided`` counts the episodes that got some.
+
+    Reply budgets are fitted to the model (`bounded.reply_budgets`): a chat's reply gets at most
+    the room its prompt leaves in ``max_position_embeddings`` (a prompt that leaves none is not
+    sampled and scores 0 with the reason); an episode's context budget is at most the model's,
+    and its per-turn budget less than that. The summary's ``reply_budget`` records the
+    requested budget, the smallest used, and how many replies were clamped or had no room (an
+    episode that ended for its context before its first reply); a clamped chat reply's details
+    carry its ``max_new_tokens``."""
     started = time.perf_counter()
     settings = suite.settings
+    # a policy that declares no context (a stand-in sampler) has its budgets as requested
+    max_positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    budget = BudgetRecord(settings.max_new_tokens, max_positions)
     items = list(suite.items(cfg.limit or None, cfg.seed) if items is None else items)
     context = Context(pool=pool, policy=policy, seed=cfg.seed)
     scores: list[list[Score]] = [[] for _ in items]
@@ -141,23 +156,39 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
         for sample in range(settings.samples):
             for start in range(0, len(chat), cfg.batch_size):
                 batch = chat[start:start + cfg.batch_size]
+                lengths = [len(policy.tokenizer.apply_chat_template(list(items[i].messages), add_generation_prompt=True))
+                           for i in batch] if max_positions else [0] * len(batch)
+                budgets = dict(zip(batch, reply_budgets(lengths, settings.max_new_tokens,
+                                                        max_positions or settings.max_new_tokens)))
+                budget.add(budgets.values())
+                fits = [i for i in batch if budgets[i] > 0]
                 completions = complete_chats(
-                    policy, [items[i].messages for i in batch], max_new_tokens=settings.max_new_tokens,
+                    policy, [items[i].messages for i in fits], max_new_tokens=settings.max_new_tokens,
                     temperature=settings.temperature, top_p=settings.top_p,
-                    seed=derive_seed(cfg.seed, suite.name, sample, start),
-                )
+                    seed=derive_seed(cfg.seed, suite.name, sample, start), limits=[budgets[i] for i in fits],
+                ) if fits else []
                 replies = [completion.text for completion in completions]
                 if hasattr(suite, "score_batch"):
-                    batch_scores = suite.score_batch([items[i] for i in batch], replies, context)
+                    batch_scores = suite.score_batch([items[i] for i in fits], replies, context) if fits else []
                 else:
-                    batch_scores = [suite.score(items[i], reply, context) for i, reply in zip(batch, replies)]
-                for i, reply, score in zip(batch, replies, batch_scores):
+                    batch_scores = [suite.score(items[i], reply, context) for i, reply in zip(fits, replies)]
+                for i, reply, score in zip(fits, replies, batch_scores):
+                    if budgets[i] < settings.max_new_tokens:
+                        score = dataclasses.replace(score, details=dict(score.details, max_new_tokens=budgets[i]))
                     scores[i].append(score)
                     outputs[i].append(reply)
+                for i, length in zip(batch, lengths):
+                    if budgets[i] < 1:
+                        scores[i].append(Score(0.0, False, {"error": f"no room to reply: the prompt's {length} tokens "
+                                                                     f"fill the model's {max_positions} positions"}))
+                        outputs[i].append("")
                 bar.update(len(batch))
             for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
                 group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]
-                episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=settings.max_new_tokens,
+                context_budget = min(agent_cfg.context_budget, max_positions or agent_cfg.context_budget)
+                per_turn = min(settings.max_new_tokens, context_budget - 1)
+                episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=per_turn,
+                                                  context_budget=context_budget,
                                                   temperature=settings.temperature, top_p=settings.top_p,
                                                   system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt))
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed,
@@ -167,13 +198,15 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 trajectories = play_episodes(policy, episode_pool, requests, episode_cfg,
                                              seed=derive_seed(cfg.seed, suite.name, sample, turns), progress=bar.update,
                                              read_action=getattr(suite, "read_action", parse_action))
+                budget.add(per_turn if not (t.end_reason == "context" and t.turns == 0) else 0 for t in trajectories)
                 for i, trajectory in zip(group, trajectories):
                     scores[i].append(suite.score(items[i], trajectory, context))
                     outputs[i].append(trajectory.messages)
     summary = summarize(items, scores, settings)
     summary.update(suite=suite.name, spec=spec or suite.name, seed=cfg.seed, limit=cfg.limit,
                    notes=list(getattr(suite, "notes", ())),
-                   settings=dataclasses.asdict(settings), wall_s=round(time.perf_counter() - started, 2))
+                   settings=dataclasses.asdict(settings), reply_budget=budget.summary(),
+                   wall_s=round(time.perf_counter() - started, 2))
     if guide:
         summary["guided"] = guided
     if out_dir is not None:
@@ -208,13 +241,20 @@ class Evaluator:
 
     def run(self, policy, pool, agent_cfg: AgentConfig, out_dir: str | os.PathLike | None, *,
             progress: bool = True, guidance: Callable[[str], str | None] | None = None) -> list[SuiteResult]:
+        """Every suite in turn; one that raises while it runs is reported in one line (its
+        ``SuiteResult.error``) and the others still run."""
         results = []
         for spec, suite, items in self._suites:
             if suite is None:
                 results.append(SuiteResult(spec, _file_name(spec), None, unavailable=items))
-            else:
+                continue
+            try:
                 results.append(run_suite(policy, pool, suite, self.cfg, agent_cfg, out_dir, progress=progress,
                                          spec=spec, items=items, guidance=guidance))
+            except Exception as err:  # noqa: BLE001 - one suite's failure must not stop the others
+                reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+                print(f"eval {spec}: failed: {reason}", flush=True)
+                results.append(SuiteResult(spec, suite.name, None, error=reason))
         return results
 
 
@@ -225,17 +265,19 @@ def run_suites(policy, pool, cfg: EvalConfig, agent_cfg: AgentConfig, out_dir: s
 
 
 def table(results: Sequence[SuiteResult]) -> str:
-    """One markdown table across suites."""
+    """One markdown table across suites; a suite whose reply budgets were cut to fit the model
+    says so after its wall time."""
     lines = ["| suite | items | score | solved | pass@k | wall |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results:
         if r.summary is None:
-            lines.append(f"| {r.spec} | - | - | - | - | skipped: {r.unavailable} |")
+            why = f"failed: {r.error}" if r.error else f"skipped: {r.unavailable}"
+            lines.append(f"| {r.spec} | - | - | - | - | {why} |")
             continue
         shown = r.spec if len(r.spec) <= 80 else r.name
         s = r.summary
         k = s["settings"]["samples"]
         lines.append(f"| {shown} | {s['items']} | {_fmt(s['score'])} | {_fmt(s['solved'])} | "
-                     f"pass@{k} {_fmt(s[f'pass@{k}'])} | {s['wall_s']:.0f}s |")
+                     f"pass@{k} {_fmt(s[f'pass@{k}'])} | {s['wall_s']:.0f}s{_budget_note(s.get('reply_budget'))} |")
     return "\n".join(lines)
 
 
@@ -275,6 +317,17 @@ def _markdown(summary: dict) -> str:
     for group, block in summary.get("groups", {}).items():
         lines.append(f"| {group or '-'} | {block['items']} | {_fmt(block['score'])} | {_fmt(block['solved'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _budget_note(budget: dict | None) -> str:
+    if not budget or not (budget["clamped"] or budget["no_room"]):
+        return ""
+    parts = []
+    if budget["clamped"]:
+        parts.append(f"{budget['clamped']} replies clamped to as few as {budget['used_min']} of {budget['requested']} tokens")
+    if budget["no_room"]:
+        parts.append(f"{budget['no_room']} without room")
+    return f"; {', '.join(parts)} (model: {budget['max_positions']} positions)"
 
 
 def _file_name(spec: str) -> str:

@@ -28,14 +28,16 @@ class Completion:
 
 
 def complete_chats(policy, chats: Sequence[Sequence[dict]], *, max_new_tokens: int, temperature: float = 1.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> list[Completion]:
-    """One completion per chat (a list of ``{"role", "content"}`` messages)."""
+                   top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                   limits: Sequence[int] | None = None) -> list[Completion]:
+    """One completion per chat (a list of ``{"role", "content"}`` messages); ``limits``: each
+    chat's own reply budget, at most ``max_new_tokens`` (None: ``max_new_tokens`` for all)."""
     if not chats:
         return []
     tokenizer = policy.tokenizer
     prompts = [tokenizer.apply_chat_template(list(chat), add_generation_prompt=True) for chat in chats]
     generation = generate_on_rows(policy, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, seed=seed)
+                                  top_k=top_k, seed=seed, limits=limits)
     completions = []
     for i, prompt in enumerate(prompts):
         n = int(generation.lengths[i])

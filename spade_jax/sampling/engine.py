@@ -466,14 +466,17 @@ def _decode(state, cache, last_B, lengths_B, active_B, reply_len_B, limit_B, str
 def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                      stop_token_ids: Sequence[int] | None = None, rows: int = 32,
-                     refill_fraction: float = 0.25) -> Generation:
+                     refill_fraction: float = 0.25, limits: Sequence[int] | None = None) -> Generation:
     """`generate`'s contract on a `RowEngine`: one reply per prompt, `rows` prompts decoding at
     once, a row refilled with the next prompt as soon as its reply ends.
 
-    Prompt i samples with stream i, so replies do not depend on `rows`.
+    Prompt i samples with stream i, so replies do not depend on `rows`. ``limits[i]`` caps
+    prompt i's reply (`RowEngine.submit`'s ``limit``; None: ``max_new_tokens`` for every prompt).
     """
     if not prompts:
         raise ValueError("generate needs at least one prompt; got an empty prompts list")
+    if limits is not None and len(limits) != len(prompts):
+        raise ValueError(f"{len(limits)} limits for {len(prompts)} prompts")
     engine = RowEngine(policy, min(rows, len(prompts)), max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids)
     exit_after = max(1, int(np.ceil(refill_fraction * engine.rows)))
@@ -486,7 +489,8 @@ def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens
                 if not waiting:
                     break
                 owner[row], prompt = waiting.popleft()
-                engine.submit(row, prompt, stream=owner[row], turn=0)
+                engine.submit(row, prompt, stream=owner[row], turn=0,
+                              limit=None if limits is None else limits[owner[row]])
             for reply in engine.step(exit_after):
                 replies[owner[reply.row]] = reply
                 engine.release(reply.row)

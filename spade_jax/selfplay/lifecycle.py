@@ -121,7 +121,8 @@ class Lifecycle:
     def load_meta(self, meta: dict) -> None:
         if int(meta["seed"]) != self.config.seed:
             raise ValueError(
-                f"the checkpoint in {self.workdir} was made with seed {meta['seed']}, the config says {self.config.seed}"
+                f"the checkpoint in {self.workdir} was made with seed {meta['seed']}, "
+                f"the config says {self.config.seed}"
             )
         for key, (_, put) in self.run.saved().items():
             put(meta.get(key))

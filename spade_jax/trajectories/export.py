@@ -13,6 +13,12 @@ record["messages"], tools=record["tools"])``)::
 RL task: the query, the program source, its seed and constructor kwargs, the tools, and the
 checker ``{"kind": "end_state", "results": [...]}``; `score_transcript` says whether an
 agent transcript (chat format, or the agent's own ``<tool_call>`` turns) reached it.
+
+Every string of a record is escaped (`limits.escape_json`: no chat-format special-token
+spelling, no control character), whatever the example holds, except an RL task's
+``program``: that is code to run in the sandbox, kept byte for byte (``program_sha256``),
+and never text for a prompt. The checker's results are escaped too, and `score_transcript`
+compares a transcript's results escaped the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from spade_jax.trajectories.chains import Call, Chain, EndState, reaches_end_state
+from spade_jax.trajectories.limits import escape_json
 from spade_jax.trajectories.queries import transcript_results
 
 SFT_SYSTEM_PROMPT = ("You are a helpful assistant with tools. Call tools to find what the user needs, "
@@ -59,15 +66,21 @@ def sft_record(example: Example, system_prompt: str = SFT_SYSTEM_PROMPT) -> dict
     meta = {"env": example.env, "program_sha256": example.program_sha256, "seed": chain.seed,
             "env_kwargs": example.env_kwargs, "chain": [c.to_dict() for c in chain.calls],
             "results": list(chain.results), "verified_by": example.verified_by}
-    return {"messages": messages, "tools": example.schemas, "meta": meta}
+    return escape_json({"messages": messages, "tools": example.schemas, "meta": meta})
 
 
 def rl_task(example: Example) -> dict:
     """The RL task of ``example``: play the program on its seed from the query; `score_transcript` checks it."""
-    return {"query": example.query, "env": example.env, "program": example.source,
-            "program_sha256": example.program_sha256, "seed": example.chain.seed, "env_kwargs": example.env_kwargs,
-            "tools": example.schemas, "checker": {"kind": CHECKER_KIND, "results": list(example.chain.results)},
-            "verified_by": example.verified_by}
+    task = escape_json({"query": example.query, "env": example.env, "program_sha256": example.program_sha256,
+                        "seed": example.chain.seed, "env_kwargs": example.env_kwargs, "tools": example.schemas,
+                        "checker": {"kind": CHECKER_KIND, "results": list(example.chain.results)},
+                        "verified_by": example.verified_by})
+    return {"program": example.source, **task}
+
+
+def record_chars(example: Example) -> int:
+    """The size of the example's SFT record as JSON (`limits.MAX_RECORD_CHARS` bounds it)."""
+    return len(json.dumps(sft_record(example), ensure_ascii=False))
 
 
 def score_transcript(task: dict, messages: Sequence[dict]) -> bool:

@@ -1,10 +1,12 @@
 """The tool dependency graph of one tool-use environment, from its schemas and from probing.
 
-Tools are read on the trusted side from the program's ``tools`` class attribute with
-``ast.literal_eval`` (the program is never imported or run here). Everything else is learned
-by calling the tools inside the sandbox (`ToolProbe`): the environment is reset on a few
-seeds, each tool is called with values drawn from the first observation, and then with
-values drawn from other tools' outputs.
+Tools are read on the trusted side from the ``tools`` class attribute of the class the
+sandbox runs, as JSON literals (`schemas`: the program is never imported or run here).
+Everything else is learned by calling the tools inside the sandbox (`ToolProbe`): the
+environment is reset on a few seeds, each tool is called with values drawn from the first
+observation, and then with values drawn from other tools' outputs. Every episode start checks
+that the sandbox runs that class with exactly those tools; task texts and results are escaped
+and bounded (`limits`).
 
 A call *fails* (`is_failure`) when the sandbox reports an error or the episode ends, the
 dispatcher flags it (``info["error"]``: malformed call, unknown tool, the tool raised), its
@@ -12,7 +14,8 @@ reply starts with ``Error`` or ``Unknown`` (the convention of the seed library's
 value they do not know), or its reply equals the tool's *rejection*: what it answers, on
 the same seed, to sentinel arguments no environment knows (``"zzqx-none"``, -987654321):
 a tool that answers every bad value with one fixed sentence ("The machine only accepts ...")
-is caught by the last rule. Anything else is a result.
+is caught by the last rule. Anything else is a result, unless it is longer than
+``limits.MAX_RESULT_CHARS``.
 
 Edges: ``A -> B`` through argument ``p`` when a value taken from A's output, passed as B's
 ``p`` (B's other arguments from the observation and earlier outputs), gives a result on some
@@ -22,7 +25,6 @@ alone with a result.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import random
@@ -30,30 +32,17 @@ import re
 from collections.abc import Sequence
 
 from spade_jax.envs.tool_use import render_tool_list, tool_call_action
-from spade_jax.sandbox import EpisodeSpec
+from spade_jax.sandbox import EpisodeSpec, StepResult
+from spade_jax.sandbox.text import display_line
+from spade_jax.trajectories.limits import MAX_RESULT_CHARS, MAX_TASK_CHARS, program_text
+from spade_jax.trajectories.schemas import ProgramRejected, Tool, parse_tool, read_tool_class
 
 SENTINELS = {"string": "zzqx-none", "integer": -987654321, "number": -987654.5}
 PROBE_TURNS = 1000  # the sandbox's most steps per episode: probes share one episode per seed
+MAX_COMBINATIONS = 4096  # argument combinations `assignments` ranks at most (the cheapest kept)
 _FAILURE_PREFIXES = ("error", "unknown")
 _TOKEN = re.compile(r"'([^'\n]{1,40})'|\"([^\"\n]{1,40})\"|(-?\d+(?:\.\d+)?)|([A-Za-z][A-Za-z0-9_'-]*)")
 _SENTENCE_END = re.compile(r"[.!?:]\s*$")
-
-
-class NotToolUse(ValueError):
-    """The program declares no literal ``tools`` list on a class."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Tool:
-    """One tool's name, its parameters (name -> JSON type) in schema order and the required ones."""
-
-    name: str
-    params: tuple[tuple[str, str], ...]
-    required: tuple[str, ...]
-
-    @property
-    def param_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,95 +70,6 @@ class ToolGraph:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def read_tool_schemas(source: str) -> list[dict]:
-    """The ``tools`` list of the program's tool-use class, read with ``ast.literal_eval`` (plus
-    f-strings over module-level literal constants).
-
-    The class is the first that names ``ToolUseEnv`` among its bases, else the first with a
-    ``tools`` assignment. NotToolUse when there is none or it is not a literal list of schemas.
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as err:
-        raise NotToolUse(f"does not parse: {err.msg} (line {err.lineno})") from None
-    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    classes.sort(key=lambda c: not any(getattr(b, "id", getattr(b, "attr", None)) == "ToolUseEnv" for b in c.bases))
-    for cls in classes:
-        for stmt in cls.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-                stmt, ast.AnnAssign) and stmt.value is not None else []
-            if any(isinstance(t, ast.Name) and t.id == "tools" for t in targets):
-                try:
-                    schemas = _literal(stmt.value, _module_constants(tree))
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    raise NotToolUse(f"class {cls.name}: tools is not a literal list") from None
-                if not isinstance(schemas, list) or not schemas:
-                    raise NotToolUse(f"class {cls.name}: tools is not a non-empty list")
-                for schema in schemas:
-                    parse_tool(schema)
-                return schemas
-    raise NotToolUse("no class declares a tools list")
-
-
-def _module_constants(tree: ast.Module) -> dict:
-    """Module-level ``NAME = <literal>`` (and ``A, B = 1, 2``) assignments: what an f-string in a schema may name."""
-    constants = {}
-    for stmt in tree.body:
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
-            continue
-        target, value = stmt.targets[0], stmt.value
-        pairs = [(target, value)]
-        if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
-            pairs = list(zip(target.elts, value.elts))
-        for name, node in pairs:
-            if isinstance(name, ast.Name):
-                try:
-                    constants[name.id] = ast.literal_eval(node)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    pass
-    return constants
-
-
-def _literal(node: ast.AST, constants: dict):
-    """``ast.literal_eval`` that also reads f-strings and names of module constants (never runs code)."""
-    if isinstance(node, ast.Name) and node.id in constants:
-        return constants[node.id]
-    if isinstance(node, ast.JoinedStr):
-        parts = []
-        for part in node.values:
-            if isinstance(part, ast.FormattedValue):
-                if part.format_spec is not None:
-                    raise ValueError("format specs are not read")
-                parts.append(str(_literal(part.value, constants)))
-            else:
-                parts.append(str(part.value))
-        return "".join(parts)
-    if isinstance(node, ast.List):
-        return [_literal(e, constants) for e in node.elts]
-    if isinstance(node, ast.Tuple):
-        return tuple(_literal(e, constants) for e in node.elts)
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise ValueError("dict unpacking is not read")
-        return {_literal(k, constants): _literal(v, constants) for k, v in zip(node.keys, node.values)}
-    return ast.literal_eval(node)
-
-
-def parse_tool(schema) -> Tool:
-    """The name and parameters of one OpenAI-style schema (``{"type": "function", "function": ...}``)."""
-    fn = schema.get("function", schema) if isinstance(schema, dict) else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise NotToolUse(f"a tool schema has no name: {str(schema)[:80]}")
-    parameters = fn.get("parameters") or {}
-    properties = parameters.get("properties") or {} if isinstance(parameters, dict) else {}
-    if not isinstance(properties, dict):
-        raise NotToolUse(f"tool {fn['name']}: parameters.properties is not an object")
-    params = tuple((str(k), str(v.get("type", "string")) if isinstance(v, dict) else "string")
-                   for k, v in properties.items())
-    required = parameters.get("required") or [] if isinstance(parameters, dict) else []
-    return Tool(fn["name"], params, tuple(str(r) for r in required))
 
 
 def task_text(observation: str, schemas: list[dict]) -> str:
@@ -242,6 +142,8 @@ def assignments(tool: Tool, pools: dict[str, list[tuple[int, object]]], rng: ran
     combos = [((), 0)]
     for values in ranked:
         combos = [(combo + (value,), cost + rank) for combo, cost in combos for rank, value in enumerate(values)]
+        if len(combos) > MAX_COMBINATIONS:  # width ** parameters would grow without bound
+            combos = sorted(combos, key=lambda c: c[1])[:MAX_COMBINATIONS]
     combos = [c for c in combos if len({json.dumps(v) for v in c[0]}) == len(c[0])]
     keyed = sorted(combos, key=lambda c: (c[1], rng.random()))
     return [dict(zip(names, combo)) for combo, _ in keyed[:limit]]
@@ -256,28 +158,53 @@ def is_failure(result, rejection: str | None = None) -> bool:
 
 
 class ToolProbe:
-    """Calls tools of one program in sandbox episodes: ``open(seed)``, ``call``, ``close``."""
+    """Calls tools of one program in sandbox episodes: ``open(seed)``, ``call``, ``close``.
 
-    def __init__(self, pool, source: str, schemas: list[dict], env_kwargs: dict | None = None):
-        self.pool, self.source, self.schemas = pool, source, schemas
-        self.tools = {t.name: t for t in map(parse_tool, schemas)}
+    ``schemas`` default to the program's (`schemas.read_tool_schemas`); the class the sandbox
+    must run is always read from the source. ``oversized`` counts replies over
+    ``MAX_RESULT_CHARS``. Once an episode is over (an error, or it ended), calls to it fail
+    without reaching the sandbox."""
+
+    def __init__(self, pool, source: str, schemas: list[dict] | None = None, env_kwargs: dict | None = None):
+        tool_class = read_tool_class(source)
+        self.pool, self.source, self.env_class = pool, source, tool_class.name
+        self.schemas = tool_class.schemas if schemas is None else schemas
+        self.tools = {t.name: t for t in map(parse_tool, self.schemas)}
         self.env_kwargs = dict(env_kwargs or {})
+        self.oversized = 0
         self._rejections: dict[tuple[int, str], str | None] = {}
+        self._ended: set[int] = set()
 
     def open(self, seed: int, turns: int = PROBE_TURNS) -> tuple[int, str] | tuple[None, str]:
-        """A fresh episode reset with ``seed``: (episode id, task text), or (None, the error)."""
+        """A fresh episode reset with ``seed``: (episode id, task text: escaped, cut to
+        ``MAX_TASK_CHARS``), or (None, the error). `ProgramRejected` when the sandbox runs another
+        class or other tools than the ones read."""
         spec = EpisodeSpec(self.source, seed=seed, max_turns=turns, env_kwargs=self.env_kwargs, turn_limit=turns)
         (start,) = self.pool.start([spec])
         if not start.ok:
             self.pool.close([start.episode_id])
             return None, start.error or "the environment did not start"
-        return start.episode_id, task_text(start.observation, self.schemas)
+        if start.env_class != self.env_class or list(start.tools) != list(self.tools):
+            self.pool.close([start.episode_id])
+            running = display_line(f"{start.env_class} with tools [{', '.join(start.tools)}]", 200)
+            raise ProgramRejected(f"the sandbox runs {running}, not the tools read "
+                                  f"({self.env_class}: {', '.join(self.tools)})")
+        task = task_text(program_text(start.observation), self.schemas)
+        return start.episode_id, program_text(task, MAX_TASK_CHARS)
 
     def close(self, episode_id: int) -> None:
+        self._ended.discard(episode_id)
         self.pool.close([episode_id])
 
+    def ended(self, episode_id: int) -> bool:
+        return episode_id in self._ended
+
     def raw_call(self, episode_id: int, name: str, arguments: dict):
+        if episode_id in self._ended:
+            return StepResult(episode_id, truncated=True, error="the episode is over", failed_call="limit")
         (result,) = self.pool.step([episode_id], [tool_call_action(name, arguments)])
+        if not result.ok or result.done:
+            self._ended.add(episode_id)
         return result
 
     def rejection(self, episode_id: int, seed: int, name: str) -> str | None:
@@ -300,19 +227,25 @@ class ToolProbe:
         else:
             rejection = self._rejections.get((seed, name))
         result = self.raw_call(episode_id, name, arguments)
-        return None if is_failure(result, rejection) else result.observation.strip()
+        if is_failure(result, rejection):
+            return None
+        text = program_text(result.observation.strip())
+        if len(text) > MAX_RESULT_CHARS:
+            self.oversized += 1
+            return None
+        return text
 
 
 def probe_graph(pool, source: str, *, seeds: Sequence[int] = (0, 1, 2), max_tries: int = 12, seed: int = 0,
-                env_kwargs: dict | None = None) -> ToolGraph:
+                env_kwargs: dict | None = None, probe: ToolProbe | None = None) -> ToolGraph:
     """The tool graph of a tool-use program (module docstring). Deterministic for ``seed``.
 
     Per probe seed, one episode: entry probes, then edge probes from every tool that has
     produced an output (repeated until no new tool produces one). ``max_tries`` argument
-    assignments are tried per probe. NotToolUse when the program declares no tools.
+    assignments are tried per probe (through ``probe``, by default a new one). `ProgramRejected`
+    (`NotToolUse` among them) when the program's tools cannot be used.
     """
-    schemas = read_tool_schemas(source)
-    probe = ToolProbe(pool, source, schemas, env_kwargs)
+    probe = ToolProbe(pool, source, env_kwargs=env_kwargs) if probe is None else probe
     names = tuple(probe.tools)
     entry, edges = set(), set()
     for probe_seed in seeds:
@@ -324,6 +257,8 @@ def probe_graph(pool, source: str, *, seeds: Sequence[int] = (0, 1, 2), max_trie
             observed = text_values(task)
             outputs: dict[str, list[str]] = {}
             for name in names:
+                if probe.ended(episode_id):
+                    break
                 tool = probe.tools[name]
                 for arguments in assignments(tool, _pools(tool, observed), rng, max_tries):
                     result = probe.call(episode_id, probe_seed, name, arguments)
@@ -335,9 +270,11 @@ def probe_graph(pool, source: str, *, seeds: Sequence[int] = (0, 1, 2), max_trie
             while True:
                 todo = [(a, b, p) for a in names if a in outputs for b in names
                         for p in probe.tools[b].param_names if (a, b, p) not in tried]
-                if not todo:
+                if not todo or probe.ended(episode_id):
                     break
                 for source_tool, target, argument in todo:
+                    if probe.ended(episode_id):
+                        break
                     tried.add((source_tool, target, argument))
                     tool = probe.tools[target]
                     fed = [v for text in outputs[source_tool] for v in text_values(text)]

@@ -21,6 +21,11 @@ passes when its tool results reach the chain's end state (`chains.reaches_end_st
 ``verified_by="agent"``. When it does not, the reference chain is replayed in a fresh
 episode and the example kept with ``verified_by="reference"`` if the replay reproduces
 the recorded results (else it is dropped: the environment is not deterministic).
+
+Program text reaches the writer escaped (`limits.program_text`: chain task texts and results
+already are, `query_prompt` escapes its whole message again), and `escape_chats` applies the
+policy tokenizer's own `escape_special` on top; the written query is escaped as well.
+Transcript results are compared escaped the same way (`transcript_results`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from spade_jax.envs.tool_use import TOOL_CALL, render_tool_list
 from spade_jax.sandbox.text import clean_text
 from spade_jax.trajectories.chains import Chain, reaches_end_state, replay
 from spade_jax.trajectories.graph import ToolProbe
+from spade_jax.trajectories.limits import program_text
 
 WRITER_SYSTEM_PROMPT = "You write realistic requests that users send to an assistant."
 _CALL_SYNTAX = ("<tool_call>", "</tool_call>", '"name":', '"arguments":')
@@ -66,14 +72,20 @@ def query_prompt(chain: Chain) -> list[dict]:
         "State what the user wants to know in your own words; do not list steps, do not name tools or "
         "functions, do not write tool calls or JSON. Reply with the message only."
     )
-    return [{"role": "system", "content": WRITER_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": WRITER_SYSTEM_PROMPT}, {"role": "user", "content": program_text(user)}]
+
+
+def escape_chats(tokenizer, chats: Sequence[Sequence[dict]]) -> list[list[dict]]:
+    """``chats`` with every message's content through ``tokenizer.escape_special`` (the specials
+    of the tokenizer that will read them, on top of `limits.program_text`)."""
+    return [[{**m, "content": tokenizer.escape_special(m["content"])} for m in chat] for chat in chats]
 
 
 def clean_query(text: str, max_chars: int) -> str:
-    """The reply as a query: one paragraph, outer quotes dropped, at most ``max_chars``."""
+    """The reply as a query: one paragraph, outer quotes dropped, escaped, at most ``max_chars``."""
     text = clean_text(text or "", max_chars * 2)
     text = re.sub(r"\s+", " ", text).strip().strip('"').strip()
-    return text[:max_chars].strip()
+    return program_text(text)[:max_chars].strip()
 
 
 def spelled_out(query: str, chain: Chain, tool_names: Sequence[str]) -> str | None:
@@ -125,8 +137,9 @@ def agent_observation(query: str, schemas: list[dict]) -> str:
 
 
 def transcript_results(messages: Sequence[dict]) -> list[str]:
-    """The tool results of a transcript: ``role="tool"`` messages (the export's chat format), or,
-    in an agent transcript, the observation after each assistant ``<tool_call>``."""
+    """The tool results of a transcript, escaped (`limits.program_text`): ``role="tool"`` messages
+    (the export's chat format), or, in an agent transcript, the observation after each assistant
+    ``<tool_call>``."""
     results = []
     for i, message in enumerate(messages):
         if message.get("role") == "tool":
@@ -134,7 +147,7 @@ def transcript_results(messages: Sequence[dict]) -> list[str]:
         elif (message.get("role") == "assistant" and TOOL_CALL.search(str(message.get("content") or ""))
               and i + 1 < len(messages) and messages[i + 1].get("role") == "user"):
             results.append(str(messages[i + 1].get("content", "")))
-    return results
+    return [program_text(r) for r in results]
 
 
 def calibrate(chains: Sequence[Chain], queries: Sequence[str], schemas: list[dict], source: str,

@@ -12,17 +12,20 @@ from typing import Callable, Sequence
 from spade_jax.agent import AgentConfig, play_episodes
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.trajectories.export import Example, rl_task, sft_record, write_jsonl
-from spade_jax.trajectories.graph import NotToolUse, read_tool_schemas
-from spade_jax.trajectories.synth import EnvReport, SynthConfig, summary_table
+from spade_jax.trajectories.queries import escape_chats
+from spade_jax.trajectories.schemas import NotToolUse, ProgramRejected
+from spade_jax.trajectories.synth import EnvReport, SynthConfig, read_program, summary_table
 
 
 def policy_players(policy, pool, agent_cfg: AgentConfig, cfg: SynthConfig) -> tuple[Callable, Callable]:
-    """`(complete, play)` for `synthesize`: the policy writes queries at `cfg.query`'s settings and
-    plays the calibrating agent greedily, with room for the longest chain plus an answer."""
+    """`(complete, play)` for `synthesize`: the policy writes queries at `cfg.query`'s settings (its
+    prompt escaped for the policy's tokenizer) and plays the calibrating agent greedily, with room
+    for the longest chain plus an answer."""
     agent = dataclasses.replace(agent_cfg, temperature=0.0, max_turns=max(agent_cfg.max_turns, cfg.chain.max_calls + 2))
 
     def complete(chats):
-        return [c.text for c in complete_chats(policy, chats, max_new_tokens=cfg.query.max_new_tokens,
+        return [c.text for c in complete_chats(policy, escape_chats(policy.tokenizer, chats),
+                                               max_new_tokens=cfg.query.max_new_tokens,
                                                temperature=cfg.query.temperature, seed=cfg.seed)]
 
     def play(requests):
@@ -31,22 +34,27 @@ def policy_players(policy, pool, agent_cfg: AgentConfig, cfg: SynthConfig) -> tu
     return complete, play
 
 
-def newest_tool_programs(records: Sequence, max_envs: int) -> list[tuple[str, str]]:
-    """`(env_id, code)` of the newest `max_envs` tool-use programs among memory `records`."""
-    programs = []
+def newest_tool_programs(records: Sequence, max_envs: int) -> tuple[list[tuple[str, str]], list[EnvReport]]:
+    """`(env_id, code)` of the newest `max_envs` tool-use programs among memory `records`, and a
+    report with the reason of each newer tool-use program that synthesis cannot use."""
+    programs, rejected = [], []
     for record in sorted(records, key=lambda r: r.iteration_added, reverse=True):
         try:
-            read_tool_schemas(record.code)
+            read_program(record.code)
         except NotToolUse:
+            continue
+        except ProgramRejected as err:
+            rejected.append(EnvReport(record.env_id, error=str(err)))
             continue
         programs.append((record.env_id, record.code))
         if len(programs) == max_envs:
             break
-    return programs
+    return programs, rejected
 
 
 def write_outputs(out_dir: str, examples: Sequence[Example], reports: Sequence[EnvReport]) -> None:
-    """`sft.jsonl` (chat records), `rl.jsonl` (tasks) and `summary.md` (per environment) in `out_dir`."""
+    """`sft.jsonl` (chat records), `rl.jsonl` (tasks) and `summary.md` (a row per environment,
+    rejected ones with their reason) in `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     write_jsonl(os.path.join(out_dir, "sft.jsonl"), (sft_record(e) for e in examples))
     write_jsonl(os.path.join(out_dir, "rl.jsonl"), (rl_task(e) for e in examples))
@@ -55,7 +63,9 @@ def write_outputs(out_dir: str, examples: Sequence[Example], reports: Sequence[E
 
 
 def metrics(num_programs: int, examples: Sequence[Example], reports: Sequence[EnvReport]) -> dict[str, float]:
+    """A synthesis's `trajectories/*` metrics; `reports` include the programs rejected before it."""
     chains = sum(r.chains for r in reports)
     return {"trajectories/envs": num_programs, "trajectories/chains": chains, "trajectories/kept": len(examples),
             "trajectories/acceptance": len(examples) / chains if chains else math.nan,
-            "trajectories/by_agent": sum(r.by_agent for r in reports)}
+            "trajectories/by_agent": sum(r.by_agent for r in reports),
+            "trajectories/rejected": sum(r.error is not None for r in reports)}

@@ -3,6 +3,11 @@
 Per environment: the tool graph (`graph.probe_graph`), ``chains_per_env`` walks
 (`chains.sample_chains`), one query per chain (`queries.write_queries`), the spell-out and grounding checks,
 then calibration of the rest (`queries.calibrate`). `EnvReport` counts each stage.
+
+Synthesis is total: whatever a program does, its failure is that program's `EnvReport.error`
+(a `schemas.ProgramRejected` reason, or ``internal error: <type>: <message>`` for any other
+exception raised while it was processed) and the next program runs. Kept examples whose SFT
+record exceeds ``limits.MAX_RECORD_CHARS`` are dropped and counted.
 """
 
 from __future__ import annotations
@@ -14,9 +19,14 @@ from pathlib import Path
 from spade_jax.envs import library
 from spade_jax.progress import progress_bar
 from spade_jax.trajectories.chains import ChainConfig, sample_chains
-from spade_jax.trajectories.export import Example
-from spade_jax.trajectories.graph import NotToolUse, ToolGraph, ToolProbe, probe_graph, read_tool_schemas
+from spade_jax.sandbox.text import display_line
+from spade_jax.trajectories.export import Example, record_chars
+from spade_jax.trajectories.graph import ToolGraph, ToolProbe, probe_graph
+from spade_jax.trajectories.limits import MAX_RECORD_CHARS, MAX_RESULT_CHARS, MAX_SOURCE_CHARS
 from spade_jax.trajectories.queries import QueryConfig, calibrate, spelled_out, ungrounded, write_queries
+from spade_jax.trajectories.schemas import ProgramRejected, read_tool_schemas
+
+_REASON_CHARS = 300  # the longest reason the summary table shows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +58,7 @@ class EnvReport:
     kept: int = 0
     by_agent: int = 0
     by_reference: int = 0
+    oversized: int = 0  # kept examples dropped: their record exceeded MAX_RECORD_CHARS
     error: str | None = None
 
     @property
@@ -58,6 +69,21 @@ class EnvReport:
 
 class NoToolPrograms(ValueError):
     """The directory (or list) holds no tool-use program."""
+
+
+def read_program(source: str) -> list[dict]:
+    """The program's tool schemas (`schemas.read_tool_schemas`). Any failure is a `ProgramRejected`
+    with its reason (`NotToolUse` when it declares no tools), never another exception."""
+    try:
+        return read_tool_schemas(source)
+    except ProgramRejected:
+        raise
+    except Exception as err:  # a reader bug must cost one program, not the run
+        raise ProgramRejected(internal_error(err)) from None
+
+
+def internal_error(err: BaseException) -> str:
+    return f"internal error: {type(err).__name__}: {display_line(str(err), _REASON_CHARS)}"
 
 
 def load_programs(where: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -71,24 +97,34 @@ def load_programs(where: str) -> tuple[list[tuple[str, str]], list[tuple[str, st
     else:
         path = Path(where)
         if path.is_dir():
-            files = sorted(p for p in path.glob("*.py") if p.name != "__init__.py")
+            files = sorted(p for p in path.glob("*.py") if p.name != "__init__.py" and p.is_file())
         else:
             files = [Path(p) for p in where.split(",") if p]
             missing = [str(p) for p in files if not p.is_file()]
             if missing:
                 raise NoToolPrograms(f"--envs: not a directory nor files: {', '.join(missing)}")
-        found = [(p.stem, p.read_text(encoding="utf-8", errors="replace")) for p in files]
+        found = [(p.stem, _read_file(p)) for p in files]
     programs, skipped = [], []
     for name, source in found:
+        if source is None:
+            skipped.append((name, f"the file has more than {MAX_SOURCE_CHARS} characters"))
+            continue
         try:
-            read_tool_schemas(source)
+            read_program(source)
             programs.append((name, source))
-        except NotToolUse as err:
+        except ProgramRejected as err:
             skipped.append((name, str(err)))
     if not programs:
         detail = "; ".join(f"{n}: {r}" for n, r in skipped[:5]) or "no .py files"
         raise NoToolPrograms(f"{where} holds no tool-use program (a class with a literal tools list): {detail}")
     return programs, skipped
+
+
+def _read_file(path: Path) -> str | None:
+    """The file's text, or None when it is too large to be a program (not read whole)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read(MAX_SOURCE_CHARS + 1)
+    return text if len(text) <= MAX_SOURCE_CHARS else None
 
 
 def synthesize(pool, programs: Sequence[tuple[str, str]], complete: Callable[[list[list[dict]]], list[str]],
@@ -97,14 +133,20 @@ def synthesize(pool, programs: Sequence[tuple[str, str]], complete: Callable[[li
     """Kept examples of every program, and one report per program (module docstring).
 
     ``complete(chats) -> texts`` writes queries; ``play(requests) -> trajectories`` plays the
-    calibrating agent. A program whose sandbox start fails is reported with its error.
+    calibrating agent. A program that fails, at any stage, is reported with the reason (module docstring).
     """
     examples, reports = [], []
     with progress_bar(len(programs), "trajectories", unit="envs", enabled=progress) as bar:
         for key, (name, source) in enumerate(programs):
             report = EnvReport(name)
             reports.append(report)
-            kept = _one_env(pool, key, name, source, complete, play, cfg, report)
+            try:
+                kept = _one_env(pool, key, name, source, complete, play, cfg, report)
+            except ProgramRejected as err:
+                report.error, kept = str(err), []
+            except Exception as err:  # noqa: BLE001  (module docstring: one program never stops synthesis)
+                report.error, kept = internal_error(err), []
+            report.kept = len(kept)
             examples += kept
             bar.set_postfix(env=name, kept=f"{report.kept}/{report.chains}")
             bar.update()
@@ -112,12 +154,14 @@ def synthesize(pool, programs: Sequence[tuple[str, str]], complete: Callable[[li
 
 
 def _one_env(pool, key, name, source, complete, play, cfg: SynthConfig, report: EnvReport) -> list[Example]:
-    schemas = read_tool_schemas(source)
-    probe = ToolProbe(pool, source, schemas)
+    schemas = read_program(source)
+    graph_probe, probe = ToolProbe(pool, source, schemas), ToolProbe(pool, source, schemas)
     report.graph = probe_graph(pool, source, seeds=range(cfg.probe_seeds), max_tries=cfg.chain.max_tries,
-                               seed=cfg.seed)
+                               seed=cfg.seed, probe=graph_probe)
     if not report.graph.entry:
         report.error = "no entry tool: no tool gave a result from the observation's values"
+        if graph_probe.oversized:
+            report.error += f" ({graph_probe.oversized} replies over {MAX_RESULT_CHARS} characters are no results)"
         return []
     chains, report.dropped_chains = sample_chains(probe, report.graph, cfg.chains_per_env, cfg.chain, seed=cfg.seed)
     report.chains = len(chains)
@@ -130,7 +174,9 @@ def _one_env(pool, key, name, source, complete, play, cfg: SynthConfig, report: 
     report.ungrounded = len(clean) - len(passed)
     verdicts = calibrate([c for c, _ in passed], [q for _, q in passed], schemas, source, probe, play, env_key=key)
     kept = [Example(name, source, schemas, c, q, v) for (c, q), v in zip(passed, verdicts) if v is not None]
-    report.kept = len(kept)
+    bounded = [e for e in kept if record_chars(e) <= MAX_RECORD_CHARS]
+    report.oversized = len(kept) - len(bounded)
+    kept = bounded
     report.by_agent = sum(e.verified_by == "agent" for e in kept)
     report.by_reference = sum(e.verified_by == "reference" for e in kept)
     return kept
@@ -142,8 +188,11 @@ def summary_table(reports: Sequence[EnvReport]) -> str:
              "by agent | by reference |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in reports:
         graph = f"{len(r.graph.nodes)} / {len(r.graph.edges)} / {len(r.graph.entry)}" if r.graph else "-"
-        note = f" ({r.error})" if r.error else ""
-        lines.append(f"| {r.env}{note} | {graph} | {r.chains} | {r.queries} | {r.spelled_out} | {r.ungrounded} | {r.kept} | "
+        notes = [r.error] if r.error else []
+        if r.oversized:
+            notes.append(f"{r.oversized} records over {MAX_RECORD_CHARS} characters dropped")
+        note = f" ({_cell('; '.join(notes))})" if notes else ""
+        lines.append(f"| {_cell(r.env)}{note} | {graph} | {r.chains} | {r.queries} | {r.spelled_out} | {r.ungrounded} | {r.kept} | "
                      f"{r.acceptance:.0%} | {r.by_agent} | {r.by_reference} |")
     total = EnvReport("all", chains=sum(r.chains for r in reports), queries=sum(r.queries for r in reports),
                       spelled_out=sum(r.spelled_out for r in reports), ungrounded=sum(r.ungrounded for r in reports),
@@ -152,3 +201,8 @@ def summary_table(reports: Sequence[EnvReport]) -> str:
     lines.append(f"| all | | {total.chains} | {total.queries} | {total.spelled_out} | {total.ungrounded} | {total.kept} | "
                  f"{total.acceptance:.0%} | {total.by_agent} | {total.by_reference} |")
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: one escaped line, bounded, no column separator."""
+    return display_line(text, _REASON_CHARS).replace("|", "\\|")

@@ -45,7 +45,10 @@ Upstream's headline for the two ``normal_multi_turn`` categories counts a conver
 only when all its turns are; here every turn is an item (``details["conversation"]`` names
 its conversation), so their group scores are per turn. Upstream evaluates BinOp arguments
 with ``eval``; here only arithmetic on literals is evaluated (and ``+x`` is ``x``, where
-upstream negates every unary operand).
+upstream negates every unary operand), and what it builds is bounded: a computed value has at
+most 10,000 elements and characters, a reply's calls `bounded.MAX_LITERAL_SIZE` in all, lists
+written out (``[[0]*10**4]*10**4`` is 10^8, though it shares one inner list); a reply past
+either does not parse.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from spade_jax.evals import bounded
 from spade_jax.evals.registry import register
 from spade_jax.jsonable import jsonable
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
@@ -209,7 +213,8 @@ def without_whitespace(text: str) -> str:
 
 def parse_calls(text: str | None) -> list[dict]:
     """``[f(a=1), g.h(b='x')]`` -> ``[{'f': {'a': 1}}, {'g.h': {'b': 'x'}}]`` (positional arguments
-    are dropped, as upstream drops them). Raises ParseError for anything else."""
+    are dropped, as upstream drops them). Raises ParseError for anything else, and for calls
+    whose arguments are larger than `bounded.MAX_LITERAL_SIZE` written out."""
     if text is None:
         raise ParseError("no [...] in the reply")
     try:
@@ -226,6 +231,8 @@ def parse_calls(text: str | None) -> list[dict]:
             if not isinstance(element, ast.Call):
                 raise ParseError(f"list element is not a call: {_unparse(element)[:80]}")
             calls.append(_call(element))
+        if bounded.literal_size(calls) > bounded.MAX_LITERAL_SIZE:
+            raise ParseError(f"arguments too large: over {bounded.MAX_LITERAL_SIZE} elements and characters in all")
     except RecursionError:
         raise ParseError("nested too deeply") from None
     return calls
@@ -285,7 +292,7 @@ def _value(node) -> Any:
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_LIMIT = 10_000  # characters / list items / bits a computed argument may have
+_LIMIT = 10_000  # elements and characters (repetitions expanded) or bits a computed argument may have
 
 
 def _arithmetic(node) -> Any:
@@ -309,7 +316,7 @@ def _arithmetic(node) -> Any:
             raise ParseError("string formatting")
         if isinstance(node.op, ast.Mult):
             for seq, count in ((left, right), (right, left)):
-                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(count, int) and len(seq) * count > _LIMIT:
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(count, int) and _items(seq) * count > _LIMIT:
                     raise ParseError("repetition too large")
         try:
             result = _BINARY[type(node.op)](left, right)
@@ -317,8 +324,16 @@ def _arithmetic(node) -> Any:
             raise ParseError(f"cannot compute {_unparse(node)[:80]}: {err}") from None
         if isinstance(result, int) and result.bit_length() > _LIMIT:
             raise ParseError("number too large")
+        if isinstance(result, (str, bytes, list, tuple)) and _items(result) > _LIMIT:
+            raise ParseError("computed value too large")
         return result
     raise ParseError(f"unsupported expression: {_unparse(node)[:80]}")
+
+
+def _items(seq) -> int:
+    """The characters of a string, or the elements of a list written out (nested ones and repeated
+    references counted every time, `bounded.literal_size`), what one repetition of it adds."""
+    return len(seq) if isinstance(seq, (str, bytes)) else bounded.literal_size(seq, _LIMIT + 1) - 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,15 @@ checked, and extra keys (an extra message) are not noticed. Score.value is the e
 0); ``details["process_accuracy"]`` is upstream's process accuracy: the fraction of the
 answer's milestone replies found in order among the executed replies (stripped text equal; the
 best of alternative milestone lists; 1 when the end state matches); ``details["diff"]`` says
-what differs.
+what differs. The score replays exactly what the pool executed: every reply whole, as
+``read_action`` handed it to the pool (not the agent's parsed action, cut at 512 characters),
+so its verdict is the pool's end-of-episode reward.
+
+Bounds (`spade_jax.evals.bounded`): a reply's arguments are bounded in size as
+`acebench.parse_calls` bounds them (a reply past them does not parse and runs nothing); an
+item whose executions take over ``work_s`` seconds (default `bounded.ITEM_WORK_S`) ends failed
+with the reason and scores 0; the simulated user's reply budget is fitted to the room its
+chat leaves in the model, and an episode whose user chat has none ends with that reason.
 
 Where this differs from upstream: every episode starts from fresh instances (upstream keeps
 them in globals named by the item's number, shared by ``agent_multi_step_3`` and
@@ -55,8 +63,8 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
-from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import prompt_text
+from spade_jax.evals import bounded
 from spade_jax.evals.registry import register
 from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, InProcessPool, Item,
                                    Score, SuiteUnavailable, spread)
@@ -439,20 +447,29 @@ SimulatedUser = Callable[[list[list[dict]]], list[str]]
 
 class PolicyUser:
     """The evaluated policy as upstream's simulated user: greedy, one batch per call, each call's
-    seed derived from the run's seed and the call's number."""
+    seed derived from the run's seed and the call's number. Each line's budget is fitted to the
+    room its chat leaves in the model (`bounded.reply_budgets`); a chat with no room gets None."""
 
     def __init__(self, policy, max_new_tokens: int, seed: int):
         self.policy, self.max_new_tokens, self.seed, self.calls = policy, max_new_tokens, seed, 0
 
-    def __call__(self, chats: list[list[dict]]) -> list[str]:
-        from spade_jax.sampling.chat import complete_chats
+    def __call__(self, chats: list[list[dict]]) -> list[str | None]:
+        from spade_jax.sampling import chat as sampling_chat
 
         seed = derive_seed(self.seed, "acebench-agent/user", self.calls)
         self.calls += 1
         tokenizer = self.policy.tokenizer
         chats = [[dict(m, content=prompt_text(tokenizer, m["content"])) for m in chat] for chat in chats]
-        completions = complete_chats(self.policy, chats, max_new_tokens=self.max_new_tokens, temperature=0.0, seed=seed)
-        return [c.text.strip() for c in completions]
+        lengths = [len(tokenizer.apply_chat_template(chat, add_generation_prompt=True)) for chat in chats]
+        budgets = bounded.reply_budgets(lengths, self.max_new_tokens, self.policy.config.max_position_embeddings)
+        fits = [i for i, budget in enumerate(budgets) if budget > 0]
+        completions = sampling_chat.complete_chats(
+            self.policy, [chats[i] for i in fits], max_new_tokens=self.max_new_tokens,
+            limits=[budgets[i] for i in fits], temperature=0.0, seed=seed) if fits else []
+        lines: list[str | None] = [None] * len(chats)
+        for i, completion in zip(fits, completions):
+            lines[i] = completion.text.strip()
+        return lines
 
 
 @dataclasses.dataclass
@@ -460,15 +477,22 @@ class _Episode:
     ref: Reference
     dialogue: Dialogue
     chat: list[dict]  # the simulated user's
+    budget: bounded.WorkBudget
     turn: int = 0
+
+
+NO_ROOM_FOR_USER = "the simulated user's chat no longer fits the model"
 
 
 class AgentPool(InProcessPool):
     """Plays items (``spec.program`` is the item id) on simulated APIs in this process; ``user``
-    answers the multi_turn replies that are not calls (None: multi_turn episodes fail to start)."""
+    answers the multi_turn replies that are not calls (None: multi_turn episodes fail to start;
+    a None line: that episode ends, its user out of room). Each episode's executions are bounded
+    by a `bounded.WorkBudget` of ``work_s`` seconds."""
 
-    def __init__(self, references: dict[str, Reference], user: SimulatedUser | None):
-        self.references, self.user = references, user
+    def __init__(self, references: dict[str, Reference], user: SimulatedUser | None,
+                 work_s: float = bounded.ITEM_WORK_S):
+        self.references, self.user, self.work_s = references, user, work_s
         super().__init__()
 
     def start(self, specs) -> list[StepResult]:
@@ -484,7 +508,7 @@ class AgentPool(InProcessPool):
                 results.append(StepResult(episode_id, truncated=True, failed_call="load",
                                           error="agent_multi_turn needs a simulated user"))
             else:
-                self._episodes[episode_id] = _Episode(ref, Dialogue(ref), user_chat(ref))
+                self._episodes[episode_id] = _Episode(ref, Dialogue(ref), user_chat(ref), bounded.WorkBudget(self.work_s))
                 if ref.category == "agent_multi_turn":
                     openings.append((len(results), episode_id))
                     results.append(None)
@@ -494,6 +518,9 @@ class AgentPool(InProcessPool):
             lines = self.user([self._episodes[episode_id].chat for _, episode_id in openings])
             for (index, episode_id), line in zip(openings, lines):
                 episode = self._episodes[episode_id]
+                if line is None:
+                    results[index] = StepResult(episode_id, truncated=True, failed_call="load", error=NO_ROOM_FOR_USER)
+                    continue
                 episode.chat.append({"role": "assistant", "content": line})
                 results[index] = StepResult(episode_id, observation=first_observation(episode.ref, line))
         return results
@@ -504,8 +531,14 @@ class AgentPool(InProcessPool):
         for episode_id, action in zip(episode_ids, actions):
             episode = self._episodes[episode_id]
             episode.turn += 1
-            turn = episode.dialogue.agent(action)
-            if turn.kind == "ask_user":
+            if episode.budget.exhausted:
+                results[episode_id] = self._stopped(episode_id, episode.budget.reason)
+                continue
+            with episode.budget.charge():
+                turn = episode.dialogue.agent(action)
+            if episode.budget.exhausted:
+                results[episode_id] = self._stopped(episode_id, episode.budget.reason)
+            elif turn.kind == "ask_user":
                 episode.chat.append({"role": "user", "content": re.sub(r"^(user:|agent:)", "", action)})
                 asking.append(episode_id)
             else:
@@ -513,9 +546,16 @@ class AgentPool(InProcessPool):
         if asking:
             for episode_id, line in zip(asking, self.user([self._episodes[i].chat for i in asking])):
                 episode = self._episodes[episode_id]
+                if line is None:
+                    results[episode_id] = self._stopped(episode_id, NO_ROOM_FOR_USER)
+                    continue
                 episode.chat.append({"role": "assistant", "content": line})
                 results[episode_id] = self._result(episode_id, episode.dialogue.user(line))
         return [results[episode_id] for episode_id in episode_ids]
+
+    def _stopped(self, episode_id: int, reason: str) -> StepResult:
+        return StepResult(episode_id, truncated=True, failed_call="limit", error=reason,
+                          turn=self._episodes[episode_id].turn)
 
     def _result(self, episode_id: int, turn: Turn) -> StepResult:
         episode = self._episodes[episode_id]
@@ -539,6 +579,7 @@ class ACEBenchAgentSuite:
     references: dict  # item id -> Reference, category by category in file order
     notes: list = dataclasses.field(default_factory=list)
     name: str = "acebench-agent"
+    work_s: float = bounded.ITEM_WORK_S  # seconds of execution one item's calls may take
     system_prompt = BENCHMARK_SYSTEM_PROMPT  # upstream's agent prompt opens the first user message
 
     def all_items(self) -> list[Item]:
@@ -557,15 +598,23 @@ class ACEBenchAgentSuite:
 
     def episode_pool(self, context: Context) -> AgentPool:
         user = PolicyUser(context.policy, self.settings.max_new_tokens, context.seed) if context.policy else None
-        return AgentPool(self.references, user)
+        return AgentPool(self.references, user, self.work_s)
 
     def score(self, item: Item, trajectory, context: Context | None = None) -> Score:
+        """Replays exactly what the pool executed: every reply as `read_action` handed it over
+        (the whole reply), through a new Dialogue (the API state depends only on those)."""
         ref: Reference = item.reference
-        replies = [parse_action(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
+        error = getattr(trajectory, "error", None)
+        if error and error.startswith(bounded.BUDGET_EXCEEDED):
+            return Score(0.0, False, {"end_state": False, "process_accuracy": 0.0, "category": ref.category,
+                                      "error": error, "turns": trajectory.turns, "end": trajectory.end_reason})
+        replies = [self.read_action(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
         dialogue = replay(ref, replies)
         verdict = judge(ref, dialogue.scenario.state(), dialogue.executed)
         details = dict(verdict, category=ref.category, executed=dialogue.executed, turns=trajectory.turns,
                        end=trajectory.end_reason)
+        if error:
+            details["error"] = error
         return Score(1.0 if verdict["end_state"] else 0.0, verdict["end_state"], details)
 
 

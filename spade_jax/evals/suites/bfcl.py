@@ -37,10 +37,20 @@ Where this differs from upstream's evaluation:
   under a neutral system message (``BENCHMARK_SYSTEM_PROMPT``), not the system message;
 * model text is never evaluated: a call must name a function of the entry's classes, take
   literal arguments (no names, operators, calls, ``*``/``**``), integers within ±10**6 (the
-  ground truth's largest is 987654) and at most 1000 for ``logarithm``/``square_root``
-  precision and ``power`` exponents, whose cost grows with them. A reply breaking one of
-  these is refused whole with an error observation, nothing runs, and it counts as a step
-  (upstream evaluates such text, and its decoder ``eval``s arithmetic and lambdas);
+  ground truth's largest is 987654), arguments of at most `bounded.MAX_LITERAL_SIZE`
+  elements and characters in all, and numbers of at most 1000 for ``logarithm``/``square_root``
+  precision, ``power`` exponents and ``round_number`` decimal places, whose cost grows with
+  them (the ground truth's largest is 10), whatever the literal's type: a float, or a string
+  or bytes that ``int()`` or ``float()`` reads, reaches mpmath's precision as an int does. A
+  reply breaking one of these is refused whole with an error observation, nothing runs, and
+  it counts as a step (upstream evaluates such text, and its decoder ``eval``s arithmetic and
+  lambdas);
+* the package sets ``mpmath.mp.dps`` (``logarithm``) and the decimal context's ``prec``
+  (``square_root``) for the whole process; here every execution, the checker's included,
+  restores both afterwards (`bounded.numeric_state_kept`);
+* an item whose calls take more than ``work_s`` seconds of execution (default
+  `bounded.ITEM_WORK_S`) ends failed with the reason, before its next reply runs, and scores
+  0 as ``budget`` (`bounded.WorkBudget`; no ground-truth item comes near it);
 * positional arguments are kept (upstream's decoder drops them, so ``sort('a.txt')``, which
   the ground truth itself writes, would run as ``sort()``).
 
@@ -62,6 +72,7 @@ import shutil
 import tempfile
 from types import SimpleNamespace
 
+from spade_jax.evals import bounded
 from spade_jax.evals.registry import register
 from spade_jax.evals.suite import (BENCHMARK_SYSTEM_PROMPT, Context, GenerationSettings, InProcessPool, Item,
                                    Score, SuiteUnavailable, spread)
@@ -72,7 +83,8 @@ VERSION = "2026.3.23"
 INSTALL = f"pip install --no-deps {PACKAGE}=={VERSION} (it needs mpmath and filelock)"
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 MAX_INT = 10**6
-COSTLY_INTS = {("logarithm", "precision"): 1000, ("square_root", "precision"): 1000, ("power", "exponent"): 1000}
+COSTLY = {("logarithm", "precision"): 1000, ("square_root", "precision"): 1000, ("power", "exponent"): 1000,
+          ("round_number", "decimal_places"): 1000}
 FORCE_TERMINATED = "multi_turn:force_terminated"
 
 _namespaces = itertools.count()
@@ -137,10 +149,14 @@ def decode_calls(text: str, parameters: dict[str, list[str]]) -> list[str]:
         return []
     if not isinstance(tree, ast.List) or not all(isinstance(e, ast.Call) for e in tree.elts):
         return []
-    return [_call_string(call, parameters) for call in tree.elts]
+    calls = [_call(call, parameters) for call in tree.elts]
+    if bounded.literal_size([arguments for _, arguments in calls]) > bounded.MAX_LITERAL_SIZE:
+        raise Refused(f"the arguments are too large (over {bounded.MAX_LITERAL_SIZE} elements and characters)")
+    return [call for call, _ in calls]
 
 
-def _call_string(call: ast.Call, parameters: dict[str, list[str]]) -> str:
+def _call(call: ast.Call, parameters: dict[str, list[str]]) -> tuple[str, list]:
+    """The call string and its argument values."""
     if not isinstance(call.func, ast.Name):
         raise Refused(f"{ast.unparse(call.func)[:80]!r} is not a function name")
     name = call.func.id
@@ -151,12 +167,11 @@ def _call_string(call: ast.Call, parameters: dict[str, list[str]]) -> str:
     positional = [_literal(name, a) for a in call.args]
     keywords = {k.arg: _literal(name, k.value) for k in call.keywords}
     named = dict(zip(parameters[name], positional)) | keywords
-    for (function, parameter), cap in COSTLY_INTS.items():
-        value = named.get(parameter)
-        if function == name and isinstance(value, int) and abs(value) > cap:
+    for (function, parameter), cap in COSTLY.items():
+        if function == name and parameter in named and not bounded.within(named[parameter], cap):
             raise Refused(f"{name}: {parameter} may be at most {cap}")
     arguments = [repr(v) for v in positional] + [f"{k}={v!r}" for k, v in keywords.items()]
-    return f"{name}({', '.join(arguments)})"
+    return f"{name}({', '.join(arguments)})", positional + list(keywords.values())
 
 
 def _literal(name: str, node: ast.AST):
@@ -237,14 +252,17 @@ class _Episode:
     entry: dict
     namespace: str
     transcript: Transcript
+    budget: bounded.WorkBudget
 
 
 class BfclPool(InProcessPool):
-    """The sandbox pool's episode calls for BFCL entries, stepping the package's backends here."""
+    """The sandbox pool's episode calls for BFCL entries, stepping the package's backends here;
+    each episode's execution is bounded by a `bounded.WorkBudget` of ``work_s`` seconds."""
 
-    def __init__(self, bfcl: SimpleNamespace, entries: dict[str, dict]):
+    def __init__(self, bfcl: SimpleNamespace, entries: dict[str, dict], work_s: float = bounded.ITEM_WORK_S):
         self._bfcl = bfcl
         self._entries = entries
+        self._work_s = work_s
         super().__init__()
 
     def start(self, specs):
@@ -257,7 +275,8 @@ class BfclPool(InProcessPool):
                                           error=f"unknown BFCL entry {spec.program[:80]!r}"))
                 continue
             episode = _Episode(entry, _fresh_namespace(), Transcript(len(entry["question"]), _parameters(entry),
-                                                                     self._bfcl.prompts.MAXIMUM_STEP_LIMIT))
+                                                                     self._bfcl.prompts.MAXIMUM_STEP_LIMIT),
+                               bounded.WorkBudget(self._work_s))
             self._episodes[episode_id] = episode
             self._execute(episode, [])  # builds the backend instances from the entry's initial_config
             first = system_prompt(self._bfcl.prompts, entry["function"]) + "\n\n" + self._user_turn(episode)
@@ -271,10 +290,16 @@ class BfclPool(InProcessPool):
             if episode is None:
                 results.append(StepResult(episode_id, truncated=True, failed_call="step", error="no such episode"))
                 continue
+            if episode.budget.exhausted:
+                results.append(self._over_budget(episode_id, episode))
+                continue
             transcript = episode.transcript
             outcome = transcript.feed(action)
             if isinstance(outcome, list):
                 outputs = self._execute(episode, outcome)
+                if episode.budget.exhausted:
+                    results.append(self._over_budget(episode_id, episode))
+                    continue
                 observation = repr([{"role": "tool", "name": c, "content": o} for c, o in zip(outcome, outputs)])
             elif isinstance(outcome, str):
                 observation = f"Error: {outcome}. Nothing was executed."
@@ -286,14 +311,20 @@ class BfclPool(InProcessPool):
                                       turn=sum(map(len, transcript.turns))))
         return results
 
+    @staticmethod
+    def _over_budget(episode_id: int, episode: _Episode) -> StepResult:
+        return StepResult(episode_id, truncated=True, failed_call="limit", error=episode.budget.reason,
+                          turn=sum(map(len, episode.transcript.turns)))
+
     def _release(self, episode: _Episode) -> None:
         _forget(self._bfcl, episode.namespace)
 
     def _execute(self, episode: _Episode, calls: list[str]) -> list[str]:
         entry = episode.entry
-        outputs, _ = self._bfcl.execution.execute_multi_turn_func_call(
-            calls, entry["initial_config"], entry["involved_classes"], episode.namespace, entry["id"],
-            long_context=_long_context(entry), is_evaL_run=False)
+        with episode.budget.charge():
+            outputs, _ = self._bfcl.execution.execute_multi_turn_func_call(
+                calls, entry["initial_config"], entry["involved_classes"], episode.namespace, entry["id"],
+                long_context=_long_context(entry), is_evaL_run=False)
         return outputs
 
     def _user_turn(self, episode: _Episode) -> str:
@@ -313,6 +344,7 @@ class BfclSuite:
     truth: dict[str, list[list[str]]]  # entry id -> ground-truth calls per turn
     notes: list = dataclasses.field(default_factory=list)
     name: str = "bfcl"
+    work_s: float = bounded.ITEM_WORK_S  # seconds of execution one item's calls may take
     system_prompt = BENCHMARK_SYSTEM_PROMPT  # upstream's prompt opens the first user message
 
     def all_items(self) -> list[Item]:
@@ -333,7 +365,7 @@ class BfclSuite:
         return reply
 
     def episode_pool(self, context: Context) -> BfclPool:
-        return BfclPool(self.bfcl, self.entries)
+        return BfclPool(self.bfcl, self.entries, self.work_s)
 
     def transcript(self, entry_id: str, replies: list[str]) -> Transcript:
         """The calls the pool ran for these replies, as it decoded them."""
@@ -349,7 +381,10 @@ class BfclSuite:
         replies = [self.read_action(m["content"]) for m in trajectory.messages if m["role"] == "assistant"]
         transcript = self.transcript(item.program, replies)
         details = {"category": item.group, "calls": transcript.turns, "end": trajectory.end_reason}
-        if transcript.finished:
+        error = getattr(trajectory, "error", None) or ""
+        if error.startswith(bounded.BUDGET_EXCEEDED):
+            verdict = {"valid": False, "error_type": "budget", "error_message": error}
+        elif transcript.finished:
             verdict = self.check(item.program, transcript.turns)
         else:
             verdict = {"valid": False, "error_type": FORCE_TERMINATED,
@@ -368,8 +403,9 @@ class BfclSuite:
         namespace = _fresh_namespace()
         entry = self.entries[entry_id]
         try:
-            return self.bfcl.checker.multi_turn_checker(calls, self.truth[entry_id], entry,
-                                                        entry_id.rsplit("_", 1)[0], namespace)
+            with bounded.numeric_state_kept():
+                return self.bfcl.checker.multi_turn_checker(calls, self.truth[entry_id], entry,
+                                                            entry_id.rsplit("_", 1)[0], namespace)
         finally:
             _forget(self.bfcl, namespace)
 
@@ -397,8 +433,10 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> BfclSuite:
             entries[row["id"]] = row
             truth[row["id"]] = answers[row["id"]]
     notes = ["prompting mode, default format; the BFCL prompt opens the first user message",
-             "calls must use the entry's functions with literal arguments (integers within ±1e6); "
-             "others are refused with an error observation"]
+             "calls must use the entry's functions with literal arguments (integers within ±1e6, precisions, "
+             f"exponents and decimal places at most 1000, {bounded.MAX_LITERAL_SIZE} elements and characters in all); "
+             "others are refused with an error observation",
+             f"an item whose calls take over {bounded.ITEM_WORK_S:g} s of execution fails as 'budget'"]
     installed = importlib.metadata.version(PACKAGE)
     if installed != VERSION:
         notes.append(f"{PACKAGE} {installed} is installed; this suite was checked against {VERSION}")
