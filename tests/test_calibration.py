@@ -194,8 +194,8 @@ def test_calibration_config_is_validated_through_the_run_config():
     with pytest.raises(ValueError, match=r"config\.calibration: band must be an ordered pair"):
         config_lib.validate(c, 1)
     c.calibration.band = (0.1, 0.9)
-    c.calibration.retire_win_rate = 1.0
-    with pytest.raises(ValueError, match=r"config\.calibration: retire_win_rate"):
+    c.memory.retire_win_rate = 1.0
+    with pytest.raises(ValueError, match=r"config\.memory: retire_win_rate"):
         config_lib.validate(c, 1)
 
 
@@ -257,7 +257,7 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
     c.agent.replay_envs = 0
     c.agent.max_turns = 1
     c.calibration.enabled = True
-    c.calibration.retire_win_rate = 0.5
+    c.memory.retire_win_rate = 0.5
     c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, PHASES["calibration"]), 4) < 4)
     calibration_seed = derive_seed(c.seed, 0, PHASES["calibration"])
 

@@ -1,4 +1,4 @@
-"""Tool-use trajectory synthesis: graph, chains, query checks, calibration, export, replay, chat template."""
+"""Tool-use trajectory synthesis: graph, chains, query checks, verification, export, replay, chat template."""
 
 import json
 import re
@@ -347,7 +347,7 @@ def _canned_customer_queries(chats, seen=None):
 
 
 def _no_agent(requests):
-    """A calibrating agent that makes no call: every kept example is verified by the reference replay."""
+    """A verifying agent that makes no call: every kept example is verified by the reference replay."""
     return [types.SimpleNamespace(messages=[]) for _ in requests]
 
 

@@ -69,6 +69,16 @@ class AgentConfig:
     # later): worth it for slow environments; the library's steps take under a millisecond.
     overlap_sandbox: bool = False
 
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens >= self.context_budget:
+            raise ValueError(f"context_budget ({self.context_budget}) must exceed max_new_tokens ({self.max_new_tokens})")
+        if self.rows < 1:
+            raise ValueError(f"rows must be >= 1 (episodes decoded at once), got {self.rows}")
+        if not 0 < self.refill_fraction <= 1:
+            raise ValueError(f"refill_fraction must be in (0, 1], got {self.refill_fraction}")
+
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeRequest:

@@ -66,7 +66,7 @@ class SelfPlay:
         self.hint_cfg = config_lib.hint_config(config)
         self.review_cfg = config_lib.review_config(config)
         self.reward_cfg = config_lib.reward_config(config)
-        self.calibration_cfg = config_lib.calibration_config(config)
+        self.rotation_cfg = config_lib.rotation_config(config)
         self.pool = ShardedPool(SandboxPool(config_lib.sandbox_config(config)))
         logging.info("sandbox isolation: %s", self.pool.isolation.to_dict())
         self.memory = config_lib.memory(config)
@@ -348,9 +348,9 @@ class SelfPlay:
             )
             played.append(entry)
             entries.setdefault(env.env_id, entry)
-        if self.calibration_cfg.retire_win_rate > 0:
-            for env_id in self.memory.retire_mastered(it, self.calibration_cfg.retire_win_rate,
-                                                      self.calibration_cfg.retire_plays):
+        if self.rotation_cfg.retire_win_rate > 0:
+            for env_id in self.memory.retire_mastered(it, self.rotation_cfg.retire_win_rate,
+                                                      self.rotation_cfg.retire_plays):
                 if env_id in entries:
                     entries[env_id].retired = self.memory.get(env_id).retired_reason
         designed = []

@@ -5,11 +5,11 @@
         --workdir=workdirs/tiny --num 16
 
 ``--envs`` is a directory of ``.py`` programs, a comma-separated list of files, or ``library``
-(the seed library's tool-use programs). The policy (query writer and calibrating agent) is
+(the seed library's tool-use programs). The policy (query writer and verifying agent) is
 the preset's (``--config``, default configs/tiny.py) with the newest checkpoint of
 ``--workdir`` (``--checkpoint`` a step, ``latest`` or ``none``); the tiny preset's bootstrap is
 cached under ``WORKDIR/bootstrap`` unless the config names a cache; ``--bootstrap_dir`` loads a
-finished bootstrap directory instead. The calibrating agent
+finished bootstrap directory instead. The verifying agent
 plays greedily with the preset's agent settings and at least ``--max_calls`` + 2 turns.
 A summary table per environment is printed at the end.
 """
@@ -23,6 +23,11 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
+    from spade_jax.cli import refuse_renamed
+
+    refuse_renamed(sys.argv)
 
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("envs", None, "Directory of programs, comma-separated files, or 'library'.", required=True)

@@ -1,4 +1,4 @@
-"""Synthesis with a policy: the query writer and calibrating agent a policy plays, the programs
+"""Synthesis with a policy: the query writer and verifying agent a policy plays, the programs
 a run's memory offers, and the files a synthesis writes. Shared by the command line
 (`python -m spade_jax.trajectories`) and the self-play job (`selfplay/components/synthesis.py`)."""
 
@@ -19,7 +19,7 @@ from spade_jax.trajectories.synth import EnvReport, SynthConfig, read_program, s
 
 def policy_players(policy, pool, agent_cfg: AgentConfig, cfg: SynthConfig) -> tuple[Callable, Callable]:
     """`(complete, play)` for `synthesize`: the policy writes queries at `cfg.query`'s settings (its
-    prompt escaped for the policy's tokenizer) and plays the calibrating agent greedily, with room
+    prompt escaped for the policy's tokenizer) and plays the verifying agent greedily, with room
     for the longest chain plus an answer."""
     agent = dataclasses.replace(agent_cfg, temperature=0.0, max_turns=max(agent_cfg.max_turns, cfg.chain.max_calls + 2))
 
