@@ -4,11 +4,11 @@ The chain, from the trusted side inwards:
 
 * trainer: holds a ``SandboxPool`` (``pool.py``), the client. It never runs environment
   code and talks in frames (``protocol.py``) to
-* the host (``host.py``), a JAX-free supervisor process. It decides the isolation plan
-  (``isolation.py``), enters namespaces and a private root, keeps the pool's memory and
-  process budget (a cgroup, ``cgroups.py``, else its own measurements, ``usage.py``),
-  enforces deadlines, and checks every message workers send (``validate.py``, ``text.py``)
-  before anything goes back. It forks
+* the host, a JAX-free supervisor process. Its start-up (``host_start.py``) decides the
+  isolation plan (``isolation.py``) and enters namespaces and a private root; its event
+  loop (``host.py``) keeps the pool's memory and process budget (a cgroup, ``cgroups.py``,
+  else its own measurements, ``usage.py``), enforces deadlines, and checks every message
+  workers send (``validate.py``, ``text.py``) before anything goes back. It forks
 * the zygote (``zygote.py``), a clean preloaded template that never sees a config or a
   request, which forks
 * one worker per episode (``worker.py``), which runs the program it was sent (and nothing

@@ -1,23 +1,9 @@
-"""The sandbox host: a JAX-free supervisor that drives, checks, budgets and kills episode workers.
+"""The sandbox host's event loop: a single-threaded supervisor that drives, checks, budgets and kills workers.
 
-``SandboxPool`` starts it as ``python -m spade_jax.sandbox.host --isolation ...`` (the few
-settings isolation needs are arguments) with a scrubbed environment and talks to it in
-frames (``protocol.py``) over the host's stdin/stdout. Start-up, in this order:
-
-1. preload numpy, the allowed stdlib modules and the worker code (pages workers share);
-2. switch to ``--uid`` when asked, take the isolation plan (``isolation.choose_plan``:
-   what the kernel grants, under the demanded level), create the pool cgroup when the
-   machine allows;
-3. enter namespaces when granted (becoming init of a new PID namespace, so every worker
-   dies with it), mount a procfs of its own, pivot into the private root;
-4. fork the zygote (``zygote.py``): the template every worker is forked from. It exists
-   before the host has read its config or any request, so no worker can find them;
-5. only now read the ``SandboxConfig`` frame, tell the zygote how workers jail
-   themselves (``isolation.build_jail``) and answer with the ``IsolationReport``
-   (``isolation.build_report``), or refuse (``strict``).
-
-Then it serves batched requests (start/step/solution/close/output/stats) in one
-single-threaded event loop:
+``host_start.py`` builds what the loop needs before any config or request exists (isolation,
+procfs, the zygote, the pool cgroup: a ``HostBase``) and hands it to ``Host``, which then
+serves batched requests (start/step/solution/close/output/stats) from the client's frames
+(``protocol.py``):
 
 * a worker per episode, with a socketpair for the protocol (fd 3) and a pipe for its
   stdout/stderr (captured, capped; flooding kills it); the host sends each worker its own
@@ -36,43 +22,25 @@ single-threaded event loop:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
-import encodings
-import gc
-import importlib
 import os
-import pkgutil
-import random
-import resource
 import selectors
 import shutil
 import signal
 import socket
 import sys
-import sysconfig
-import tempfile
 import time
 import traceback
 
 from spade_jax.sandbox import isolation, usage, zygote
 from spade_jax.sandbox.cgroups import PoolCgroup
-from spade_jax.sandbox.policy import ALLOWED_MODULES
-from spade_jax.sandbox.protocol import (FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame,
-                                        write_all)
-from spade_jax.sandbox.records import ISOLATION_LEVELS, SandboxConfig, SolutionResult, StepResult
+from spade_jax.sandbox.protocol import FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame, write_all
+from spade_jax.sandbox.records import SandboxConfig, SolutionResult, StepResult
 from spade_jax.sandbox.text import clean_text
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_message, check_reset,
                                         check_solution, check_step, clip_reward, unwrap)
 
-# Modules the allowed ones load lazily on first use (numpy submodules, datetime.strptime's
-# _strptime, every text codec): preloaded so workers never need to read the filesystem, which
-# a per-episode uid may not be allowed to (an interpreter under a private home) and Landlock
-# or the private root may not show.
-_PRELOAD_EXTRA = ("numpy.random", "numpy.linalg", "numpy.fft", "numpy.polynomial", "numpy.ma", "numpy.char",
-                  "numpy.rec", "numpy.strings", "numpy.exceptions", "numpy.dtypes", "numpy.lib.stride_tricks",
-                  "numpy.lib.recfunctions", "_strptime", "spade_jax.envs.contract", "spade_jax.envs.tool_use")
 _OUTPUT_KEEP_BYTES = 16384
 _EXIT_GRACE_S = 0.05
 _REAP_TIMEOUT_S = 10.0
@@ -84,7 +52,7 @@ _SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 @dataclasses.dataclass
-class _Base:
+class HostBase:
     """What start-up built before the config was read: isolation, procfs, the zygote, the cgroup."""
 
     plan: isolation.Plan
@@ -144,14 +112,14 @@ class _Call:
     limit: str = ""
 
 
-class _HostFailure(Exception):
+class HostFailure(Exception):
     """The host cannot go on (its zygote died or hung); it exits and the pool restarts it."""
 
 
 class Host:
     """The supervisor's state and event loop (one instance per host process)."""
 
-    def __init__(self, config: SandboxConfig, base: _Base, cmd_fd: int, reply_fd: int):
+    def __init__(self, config: SandboxConfig, base: HostBase, cmd_fd: int, reply_fd: int):
         self.cfg = config
         self.base = base
         self.plan = base.plan
@@ -190,7 +158,7 @@ class Host:
                     break
                 try:
                     reply = self._handle(request)
-                except _HostFailure:
+                except HostFailure:
                     raise
                 except Exception as err:  # a malformed request or a host bug: report it, keep serving
                     traceback.print_exc(file=sys.stderr)
@@ -385,7 +353,7 @@ class Host:
         deadline = time.monotonic() + _SPAWN_TIMEOUT_S
         while slot not in self.spawned:
             if time.monotonic() > deadline:
-                raise _HostFailure("the zygote did not answer a spawn request")
+                raise HostFailure("the zygote did not answer a spawn request")
             self._pump_zygote(deadline - time.monotonic())
         reply = self.spawned.pop(slot)
         if "error" in reply:
@@ -402,7 +370,7 @@ class Host:
                 for fd in fds:
                     os.close(fd)
                 if message is None:
-                    raise _HostFailure("the zygote exited")
+                    raise HostFailure("the zygote exited")
                 if message["op"] == "exited":
                     if message["pid"] in self.by_pid:
                         self.exits[message["pid"]] = message["status"]
@@ -476,7 +444,7 @@ class Host:
                         self._flush_writes(ep)
                     if mask & selectors.EVENT_READ and ep.pid:
                         self._read_channel(ep)
-            except _HostFailure:
+            except HostFailure:
                 raise
             except Exception as err:  # never let one episode's data take the host down
                 traceback.print_exc(file=sys.stderr)
@@ -809,160 +777,3 @@ def _describe_exit(status: int | None) -> str:
                 "stack overflow)", "SIGSYS": " (a forbidden system call)", "SIGKILL": ""}.get(name, "")
         return f"the worker was killed by {name}{hint}"
     return f"the worker exited with code {os.WEXITSTATUS(status)}"
-
-
-def _preload() -> None:
-    """Imports everything a worker may use, so workers share the pages and never need the filesystem."""
-    codecs = [f"encodings.{m.name}" for m in pkgutil.iter_modules(encodings.__path__)]
-    for name in sorted(ALLOWED_MODULES - {"__future__"}) + list(_PRELOAD_EXTRA) + codecs:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    sysconfig.get_paths()  # loads (and caches) the build config while the files are still readable
-
-
-def _drop_privileges(uid: int, gid: int) -> None:
-    """Becomes ``uid``/``gid`` for good (the client started the host as root)."""
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    if os.geteuid() != uid or os.getegid() != gid:
-        raise OSError(f"could not switch the sandbox host to uid {uid}")
-    # A uid switch leaves the process undumpable: its /proc files stay root's, so it could not
-    # write its own uid map (user namespaces) nor its workers their OOM score. Workers never
-    # reach the host's /proc entries: PID namespaces or Landlock hide them, seccomp denies ptrace.
-    isolation.prctl(isolation.PR_SET_DUMPABLE, 1)
-
-
-def _build_base(plan: isolation.Plan, cgroup: PoolCgroup | None, cgroup_note: str,
-                client_fds: tuple[int, ...]) -> _Base:
-    """Everything before the config: fds, the private root (or a private dir), the zygote."""
-    notes = list(plan.notes)
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    read_paths = isolation.minimal_bind_dirs(isolation.runtime_dirs())
-    vm_bytes = isolation.vm_size_bytes()
-    outer_root = os.geteuid() == 0 and (not plan.user_namespace or isolation.outer_uid_is_root())
-    pool_dir = None
-    if plan.namespaces:
-        pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        proc_fd = isolation.mount_private_proc()
-        if proc_fd is None:
-            notes.append("could not mount a procfs for the host (the pool memory budget needs it or a cgroup)")
-        isolation.build_private_root(read_paths)
-        isolation.sethostname("sandbox")
-    else:
-        pidns_fd = None
-        proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        pool_dir = tempfile.mkdtemp(prefix="spade_sandbox_")
-        os.chmod(pool_dir, 0o711)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    sys_path = [p for p in sys.path if p == stdlib or p.startswith(stdlib + "/")]
-    gc.collect()
-    gc.freeze()
-    host_sock, zygote_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            host_sock.close()
-            for fd in client_fds:
-                os.close(fd)
-            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
-            if not plan.namespaces:
-                isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
-            zygote.Zygote(zygote_sock, proc_fd, pidns_fd).run()
-        finally:
-            os._exit(1)
-    zygote_sock.close()
-    if cgroup is not None:
-        cgroup.join(pid)
-    return _Base(plan, proc_fd, pidns_fd, pool_dir, read_paths, sys_path, pid, host_sock, cgroup, cgroup_note, notes,
-                 vm_bytes, outer_root)
-
-
-def _options(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m spade_jax.sandbox.host")
-    parser.add_argument("--isolation", choices=ISOLATION_LEVELS, default="auto")
-    parser.add_argument("--user-namespace", choices=("auto", "yes", "no"), default="auto")
-    parser.add_argument("--uid", type=int, default=None)
-    parser.add_argument("--gid", type=int, default=None)
-    parser.add_argument("--pool-memory-mb", type=int, required=True)
-    parser.add_argument("--pool-processes", type=int, required=True)
-    return parser.parse_args(argv)
-
-
-def _guard_from_outside(cgroup: PoolCgroup | None, client_fds: tuple[int, ...]) -> None:
-    """Forks: the child goes on as the host (init of the new PID namespace, if one was entered),
-    the parent waits for it and then removes the pool cgroup, however the host ended."""
-    child = os.fork()
-    if child == 0:
-        isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
-        return
-    for fd in client_fds:
-        os.close(fd)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
-    if cgroup is not None:
-        cgroup.close()
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-
-
-def _refuse(reply_fd: int, error: str, kind: str, code: int):
-    write_all(reply_fd, encode_frame({"ok": False, "error": error, "kind": kind}))
-    sys.exit(code)
-
-
-def main() -> None:
-    """Entry point: preload, isolate, fork the zygote, then read the config, hand-shake, serve."""
-    cmd_fd, reply_fd = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)
-    for fd in (cmd_fd, reply_fd, devnull):
-        os.set_inheritable(fd, False)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    options = _options(sys.argv[1:])
-    _preload()
-    if options.uid is not None:
-        _drop_privileges(options.uid, options.gid if options.gid is not None else options.uid)
-    user_ns = {"auto": None, "yes": True, "no": False}[options.user_namespace]
-    plan = isolation.choose_plan(options.isolation, user_ns)
-    if plan.error:
-        _refuse(reply_fd, plan.error, "isolation", 3)
-    cgroup, cgroup_note = PoolCgroup.create(options.pool_memory_mb << 20, options.pool_processes,
-                                            f"spade-sandbox-{os.getpid()}-{random.SystemRandom().getrandbits(32):08x}")
-    if plan.namespaces:
-        isolation.enter_host_namespaces(plan.user_namespace)
-    _guard_from_outside(cgroup, (cmd_fd, reply_fd))
-    try:
-        base = _build_base(plan, cgroup, cgroup_note, (cmd_fd, reply_fd))
-    except Exception as err:
-        traceback.print_exc(file=sys.stderr)
-        _refuse(reply_fd, f"sandbox host setup failed: {err}", "setup" if plan.namespaces else "fatal", 4)
-    try:
-        config = SandboxConfig.from_dict(read_frame(cmd_fd, 1 << 20))
-    except (EOFError, ProtocolError, TypeError, ValueError) as err:
-        _refuse(reply_fd, f"bad sandbox config: {err}", "fatal", 2)
-    try:
-        host = Host(config, base, cmd_fd, reply_fd)
-    except Exception as err:
-        traceback.print_exc(file=sys.stderr)
-        _refuse(reply_fd, f"sandbox host setup failed: {err}", "fatal", 4)
-    refusal = isolation.refusal(options.isolation, host.report)
-    if refusal:
-        _refuse(reply_fd, refusal, "isolation", 3)
-    write_all(reply_fd, encode_frame({"ok": True, "isolation": host.report.to_dict()}))
-    try:
-        host.serve()
-    except _HostFailure as err:
-        print(f"sandbox host: {err}", file=sys.stderr)
-        sys.exit(5)
-
-
-if __name__ == "__main__":
-    main()

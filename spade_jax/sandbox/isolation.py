@@ -13,7 +13,7 @@ The plan (last section of this file) is decided before the host commits to anyth
   verdict on that report;
 * ``build_jail`` describes how every worker confines itself (``jail_worker``).
 
-The host (``host.py``) carries the plan out with the mechanisms here:
+The host (``host_start.py``, then ``host.py``) carries the plan out with the mechanisms here:
 
 * The host enters new mount, network, IPC, UTS and PID namespaces (plus a user namespace
   when not root), becomes init of that PID namespace, mounts a procfs of its own (kept as

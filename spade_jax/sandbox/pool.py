@@ -1,6 +1,6 @@
 """``SandboxPool``: the trainer-side client of a sandbox host process.
 
-The pool never runs environment code itself: it starts ``python -m spade_jax.sandbox.host``
+The pool never runs environment code itself: it starts ``python -m spade_jax.sandbox.host_start``
 (JAX-free, scrubbed environment, own session) and sends it batched requests. Every call
 returns per-episode results in the order asked; failures of one episode are reported in
 its result and never raise. A host that dies or hangs anyway is killed and started
@@ -61,7 +61,7 @@ def host_environment() -> dict[str, str]:
 def host_command(config: SandboxConfig) -> list[str]:
     """How the host is started: the settings isolation needs before any config is read."""
     user_ns = {None: "auto", True: "yes", False: "no"}[config.user_namespace]
-    command = [sys.executable, "-m", "spade_jax.sandbox.host", "--isolation", config.isolation,
+    command = [sys.executable, "-m", "spade_jax.sandbox.host_start", "--isolation", config.isolation,
                "--user-namespace", user_ns, "--pool-memory-mb", str(config.pool_memory_mb),
                "--pool-processes", str(config.pool_processes)]
     if config.host_uid is not None:
