@@ -89,7 +89,7 @@ def test_admit_cli_exit_codes_and_human_report(tmp_path):
     assert missing.returncode == 2 and "cannot read" in missing.stderr and not missing.stdout
     bogus = _cli("admit_cli", "--bogus-flag", str(rejected))
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus-flag" in bogus.stderr and not bogus.stdout
-    assert _cli("admit").returncode == 2
+    assert _cli("admit_cli").returncode == 2
     assert _cli("admit_cli", str(rejected), "--seeds", "0").returncode == 2
 
 
@@ -144,7 +144,7 @@ def test_admit_cli_json_on_errors_is_one_object_with_exit_2(tmp_path):
 
 
 def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatch, capfd):
-    from spade_jax.sandbox import admission, admit
+    from spade_jax.sandbox import admission, admit_cli
     from spade_jax.sandbox.pool import SandboxError
 
     program = tmp_path / "game.py"
@@ -155,12 +155,12 @@ def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatc
             print("stray output from inside the admission")
             raise _error
         monkeypatch.setattr(admission, "admit", broken)
-        assert admit.main([str(program), "--json"]) == 2
+        assert admit_cli.main([str(program), "--json"]) == 2
         captured = capfd.readouterr()
         report = _one_json(captured.out)
         assert report["internal_error"] is True and report["error"].startswith(message)
         assert "stray output" in captured.err and "\x1b" not in report["error"]
-        assert admit.main([str(program)]) == 2
+        assert admit_cli.main([str(program)]) == 2
         captured = capfd.readouterr()
         assert not captured.out.replace("stray output from inside the admission\n", "")
         assert f"error: {message}" in captured.err and "\x1b" not in captured.err
