@@ -23,7 +23,7 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 from spade_jax.models import moe  # noqa: E402
-from spade_jax.models.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
+from spade_jax.sampling.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
 from spade_jax.models.sharding import TRAIN_RULES, activation_sharding, logical_to_spec, make_mesh  # noqa: E402
 
 flags.DEFINE_enum("dispatch", "buffers", ["buffers", "ragged"], "models/moe.py's buffers, or ragged_dot over sorted rows")

@@ -61,7 +61,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from spade_jax.models.config import ModelConfig  # noqa: E402
-from spade_jax.models.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
+from spade_jax.sampling.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
 from spade_jax.models.policy import Policy, abstract_model  # noqa: E402
 from spade_jax.models.sharding import TRAIN_RULES, logical_to_spec, make_mesh, param_shardings  # noqa: E402
 from spade_jax.rl.batch import TrainSequence, bucket_rows, pack  # noqa: E402

@@ -65,7 +65,7 @@ ARMS = {
     "no_corpus": ["--config.corpus.enabled=False"],
     "placebo": ["--config.hints.mode=placebo"],  # plus the preset's hint mode as placebo_of (below)
     "resample": ["--config.hints.mode=resample"],
-    "calibration": ["--config.calibration.enabled=True", "--config.calibration.retire_win_rate=0.75"],
+    "calibration": ["--config.calibration.enabled=True", "--config.memory.retire_win_rate=0.75"],
     "procedures": ["--config.agent.procedure_memory.enabled=True"],
 }
 CURVES = (("designer/admission_rate", "admission rate"), ("env/regret_mean", "regret"),

@@ -4,7 +4,7 @@
    ``BootstrapConfig.envs``) are played plain and sampled (the preset's agent settings) for
    ``--rounds`` rounds of ``--plays`` seeds each, guided by the memory as the loop guides them
    (preplay before a round, counts after it).
-2. Score: the preset's held-out suites (``eval.suites``, greedy, ``eval.episodes_per_env`` seeds
+2. Score: the preset's held-out suites (``eval.suites``, greedy, ``eval.plays_per_program`` seeds
    per program) and the training families, once without and once with the filled memory's
    guidance; the same items and seeds on both sides.
 
@@ -131,7 +131,7 @@ def main() -> None:
     command = "python bench/procedure_memory.py " + " ".join(sys.argv[1:])
     print(f"\n`{command}`\n\npolicy {path}; preset {args.preset}; key {args.key}; fill {args.rounds} rounds x "
           f"{args.plays} plays x {len(programs)} families (plain win rate per round: "
-          f"{', '.join(f'{r:.3f}' for r in rates)}); scored greedy, {eval_cfg.episodes_per_env} seeds per program "
+          f"{', '.join(f'{r:.3f}' for r in rates)}); scored greedy, {eval_cfg.plays_per_program} seeds per program "
           f"({'all' if not args.limit else f'at most {args.limit}'} per suite); "
           f"{time.perf_counter() - started:.0f} s\n")
     print("| programs | episodes | win rate without | win rate with procedure memory | guided episodes |")

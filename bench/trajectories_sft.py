@@ -59,7 +59,7 @@ def sft_sequences(tokenizer, examples):
 
 
 def heldout_win_rate(policy, pool, config, episodes: int) -> float:
-    cfg = dataclasses.replace(config_lib.eval_config(config), episodes_per_env=episodes)
+    cfg = dataclasses.replace(config_lib.eval_config(config), plays_per_program=episodes)
     (result,) = runner.run_suites(policy, pool, cfg, config_lib.agent_config(config), None,
                                   config_lib.eval_generation(config), progress=False)
     return float(result.summary["score"])

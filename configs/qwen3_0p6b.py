@@ -20,13 +20,9 @@ def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
     c = base_config()
     c.num_iterations = 200
-    c.model.source = "pretrained"
-    c.model.path = ""  # set --config.model.path
     c.model.dtype = "bfloat16"
-    c.model.param_dtype = "float32"
     c.designer.num_slots = 64
     c.designer.max_new_tokens = 4096
-    c.agent.episodes_per_env = 16
     c.agent.max_new_tokens = 1024
     c.agent.context_budget = 8192
     c.rl.row_length = 8192

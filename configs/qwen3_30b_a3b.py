@@ -15,7 +15,7 @@ gives the rest of the slice to tensor:
 - 8x H100 (80 GB): as H200 plus --config.model.param_dtype=bfloat16 (f32 master weights,
   Adam moments and the KL reference do not fit beside the update).
 The other three come from the memory plan, not from a compile:
-`python -m spade_jax.models.memory_plan --config=configs/qwen3_30b_a3b.py --devices=N --chip=...`
+`python -m spade_jax.sampling.memory_plan --config=configs/qwen3_30b_a3b.py --devices=N --chip=...`
 prints the per-device plan of each (with the same overrides).
 """
 
@@ -26,10 +26,7 @@ def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
     c = base_config()
     c.num_iterations = 200
-    c.model.source = "pretrained"
-    c.model.path = ""  # set --config.model.path
     c.model.dtype = "bfloat16"
-    c.model.param_dtype = "float32"
     # Each expert's dispatch buffer holds twice its fair share of a dispatch (at least 64 rows,
     # so decode steps never drop); the update reports `router_dropped`. 0 (dropless) would size
     # every buffer for all assignments: 128x the experts' FLOPs (models/moe.py).
@@ -54,7 +51,6 @@ def get_config(arg=None):
     # regeneration; environments designed at temperature 0.6, hints written at 0.3. Adam (lr
     # 1e-6, wd 0.1, betas 0.9/0.98) and the clip range 0.2/0.28 are the base config's defaults.
     c.rl.kl_coef = 0.005
-    c.agent.episodes_per_env = 16
     c.agent.max_turns = 25
     c.designer.regeneration_period = 4
     c.designer.reward_delay = 4

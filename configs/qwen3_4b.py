@@ -17,14 +17,10 @@ def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
     c = base_config()
     c.num_iterations = 200
-    c.model.source = "pretrained"
-    c.model.path = ""  # set --config.model.path
     c.model.dtype = "bfloat16"
-    c.model.param_dtype = "float32"
     c.mesh.shape = (1, -1, 1)
     c.designer.num_slots = 128
     c.designer.max_new_tokens = 6144
-    c.agent.episodes_per_env = 16
     c.agent.max_new_tokens = 2048
     c.agent.context_budget = 16384
     c.rl.row_length = 16384

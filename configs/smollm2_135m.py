@@ -17,10 +17,8 @@ def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
     c = base_config()
     c.num_iterations = 20
-    c.model.source = "pretrained"
     c.model.path = "packaged"
     c.designer.prompt.doc_max_words = 300
-    c.designer.num_slots = 8
     c.designer.max_new_tokens = 1024
     c.designer.temperature = 0.7
     c.designer.prompt.exemplar_max_lines = 40
@@ -28,7 +26,6 @@ def get_config(arg=None):
     c.agent.max_new_tokens = 256
     c.agent.context_budget = 2048
     c.rl.row_length = 3072
-    c.rl.lr = 1e-6
     if arg.runlocal:
         c.num_iterations = 2
         c.designer.num_slots = 2

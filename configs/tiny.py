@@ -34,13 +34,11 @@ def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
     boot = BootstrapConfig(**(RUNLOCAL_BOOTSTRAP if arg.runlocal else {}))
     c = base_config()
-    c.num_iterations = 10
     c.model.source = "bootstrap"
     # The prompt is the designer's (`designer.prompt`); "" caches under <workdir>/bootstrap.
     with c.unlocked():
         c.bootstrap = section(BootstrapConfig, exclude=("prompt",), cache_dir="",
                               **{k: v for k, v in dataclasses.asdict(boot).items() if k != "prompt"})
-    c.mesh.shape = (-1, 1, 1)
 
     # What the bootstrap was trained for: its prompt sizes, turns and hints.
     c.designer.prompt.update(dataclasses.asdict(boot.prompt))
@@ -52,14 +50,12 @@ def get_config(arg=None):
     # The reference has no novelty stage at all.
     c.admission.novelty_threshold = 1.0
 
-    c.designer.num_slots = 8
     c.designer.max_new_tokens = 400
     c.designer.temperature = 0.5
     c.admission.num_seeds = 2
     c.agent.episodes_per_env = 4
     c.agent.max_new_tokens = 48
     c.agent.context_budget = 1024
-    c.agent.temperature = 1.0
     c.agent.replay_envs = 2
     # Design every 2 iterations and score a design on both iterations of its pool (the
     # reference regenerates every 4 and delays by 4: with 10 iterations that is 3 designs);
@@ -72,7 +68,6 @@ def get_config(arg=None):
     c.rl.weight_decay = 0.0
     c.rl.row_length = 1024
     c.rl.micro_batch_rows = 8  # bounds activation memory; divisible by 1, 2, 4 and 8 devices
-    c.sandbox.num_workers = 2
 
     # Held out: the seed programs the bootstrap does not render stay out of memory (never replayed,
     # never a novelty reference) and are scored, greedy, every 5 iterations.

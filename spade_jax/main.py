@@ -22,6 +22,11 @@ from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
+    from spade_jax.cli import refuse_renamed
+
+    refuse_renamed(sys.argv)
+
 config_flags.DEFINE_config_file(
     "config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file, optionally with `:args`.", lock_config=True
 )
@@ -103,15 +108,11 @@ def main(argv) -> None:
     _init_distributed()
     import jax
 
+    from spade_jax import cli
     from spade_jax.selfplay import loop
-    from spade_jax.selfplay.config import validate
 
-    config = flags.FLAGS.config
+    config = cli.validated(flags.FLAGS.config)
     workdir = os.path.abspath(flags.FLAGS.workdir)
-    try:
-        validate(config, jax.device_count())
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
     config_json = json.loads(config.to_json())
     check_workdir(workdir, config_json, flags.FLAGS.allow_config_change)
     if jax.process_index() == 0:

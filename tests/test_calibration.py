@@ -23,6 +23,7 @@ from spade_jax.sandbox.policy import PolicyError, difficulty_levels
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import loop
+from spade_jax.selfplay.components import PHASES
 
 # The secret is shown at "easy", on even seeds at "medium" (the default), never outright at
 # "hard": an agent that reads "The secret is N" solves easy always, medium on even seeds, hard
@@ -209,8 +210,8 @@ def test_calibration_config_is_validated_through_the_run_config():
     with pytest.raises(ValueError, match=r"config\.calibration: band must be an ordered pair"):
         config_lib.validate(c, 1)
     c.calibration.band = (0.1, 0.9)
-    c.calibration.retire_win_rate = 1.0
-    with pytest.raises(ValueError, match=r"config\.calibration: retire_win_rate"):
+    c.memory.retire_win_rate = 1.0
+    with pytest.raises(ValueError, match=r"config\.memory: retire_win_rate"):
         config_lib.validate(c, 1)
 
 
@@ -237,7 +238,8 @@ def test_rotation_retires_mastered_records_and_replays_skip_them():
     assert record.retired_reason == "mastered: plain win rate 0.88 over the last 8 plays > 0.5"
     assert memory.retire_mastered(5, 0.5, 8) == []  # retired once
     fake = types.SimpleNamespace(config=types.SimpleNamespace(seed=0, agent=types.SimpleNamespace(replay_envs=10)),
-                                 state=types.SimpleNamespace(pool=[]), memory=memory)
+                                 state=types.SimpleNamespace(pool=[]), memory=memory,
+                                 context=types.SimpleNamespace(seed=lambda it, phase: derive_seed(0, it, PHASES[phase])))
     replays = loop.SelfPlay._replays(fake, 6)
     assert [e.env_id for e in replays] == ["at-threshold", "few-plays"]
     memory.get("at-threshold").level = "medium"
@@ -271,9 +273,9 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
     c.agent.replay_envs = 0
     c.agent.max_turns = 1
     c.calibration.enabled = True
-    c.calibration.retire_win_rate = 0.5
-    c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, loop._PHASES["calibration"]), 4) < 4)
-    calibration_seed = derive_seed(c.seed, 0, loop._PHASES["calibration"])
+    c.memory.retire_win_rate = 0.5
+    c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, PHASES["calibration"]), 4) < 4)
+    calibration_seed = derive_seed(c.seed, 0, PHASES["calibration"])
 
     def admit(samples, pool, memory, admission, seed=None):  # slot 0 writes PEEK_ENV, slot 1 SHOWN_ENV
         return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=(PEEK_ENV, SHOWN_ENV)[s.slot]))

@@ -76,7 +76,7 @@ def test_suite_lists_may_hold_commas_inside_an_argument():
 
 
 def test_envs_suite_scores_a_won_episode_1_and_a_lost_one_0(heldout):
-    suite = make_suite(f"envs:{heldout}", None, runner.EvalConfig(episodes_per_env=2))
+    suite = make_suite(f"envs:{heldout}", None, runner.EvalConfig(plays_per_program=2))
     item = Item("arithmetic/seed1", "arithmetic", program="x", seed=1)
 
     def played(won, reward):
@@ -95,14 +95,14 @@ def test_envs_suite_admits_with_the_runs_admission_config(heldout):
     assert len(suite.notes) == 3 and all("not admitted" in note for note in suite.notes)
     # the turn bound is the evaluation's, not the training agent's (a 1-turn agent would reject tallest)
     one_turn_agent = AdmissionConfig(max_turns=1)
-    roomy = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, max_turns=8))
+    roomy = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, default_turns=8))
     assert {i.group for i in roomy.items(None, 0)} == {"tallest"}
-    tight = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, max_turns=1))
+    tight = make_suite(f"envs:{heldout / 'tallest.py'}", None, runner.EvalConfig(admission=one_turn_agent, default_turns=1))
     assert tight.items(None, 0) == [] and "feasibility" in tight.notes[0]
 
 
 def test_envs_suite_takes_a_list_of_program_files(heldout):
-    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'},{heldout / 'broken.py'}", episodes_per_env=2)
+    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'},{heldout / 'broken.py'}", plays_per_program=2)
     (spec,) = cfg.specs
     suite = make_suite(spec, None, cfg)
     items = suite.items(None, 0)
@@ -125,7 +125,7 @@ def test_envs_suite_end_to_end_is_reproducible_and_lists_its_items_once(heldout,
     listed = []
     original = EnvironmentSuite.items
     monkeypatch.setattr(EnvironmentSuite, "items", lambda self, *a: listed.append(a) or original(self, *a))
-    cfg = runner.EvalConfig(suites=f"envs:{heldout}", episodes_per_env=2, max_turns=4, seed=3)
+    cfg = runner.EvalConfig(suites=f"envs:{heldout}", plays_per_program=2, default_turns=4, seed=3)
     agent = AgentConfig(max_turns=2, max_new_tokens=8, context_budget=768)
     evaluator = runner.Evaluator(cfg)
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
@@ -148,7 +148,7 @@ def test_envs_suite_end_to_end_is_reproducible_and_lists_its_items_once(heldout,
 
 
 def test_a_sampled_temperature_scores_greedy_suites_again_sampled_on_the_same_items(heldout, policy, tmp_path):
-    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'}", episodes_per_env=2, max_turns=8,
+    cfg = runner.EvalConfig(suites=f"envs:{heldout / 'tallest.py'}", plays_per_program=2, default_turns=8,
                             sampled_temperature=1.0)
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
         greedy, sampled = runner.run_suites(policy, pool, cfg, AgentConfig(max_turns=2, max_new_tokens=8,
@@ -165,7 +165,7 @@ def test_a_sampled_temperature_scores_greedy_suites_again_sampled_on_the_same_it
 
 
 def test_a_suite_that_cannot_run_says_why_and_the_others_run(heldout, policy, tmp_path, capsys):
-    cfg = runner.EvalConfig(suites=f"envs:{tmp_path / 'missing'},envs:{heldout}", episodes_per_env=1, max_turns=1,
+    cfg = runner.EvalConfig(suites=f"envs:{tmp_path / 'missing'},envs:{heldout}", plays_per_program=1, default_turns=1,
                             limit=1)
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
         results = runner.run_suites(policy, pool, cfg, AgentConfig(max_turns=1, max_new_tokens=4), tmp_path,
@@ -202,7 +202,7 @@ def _comparable(path: Path) -> list[dict]:
 
 def test_main_job_evaluates_every_iteration_and_resumes_exactly(runlocal_config, heldout, tmp_path):
     flags = [f"--config.eval.suites=envs:{heldout}", "--config.eval.every=1", "--config.eval.limit=2",
-             "--config.eval.max_turns=1"]
+             "--config.eval.default_turns=1"]
     straight = _run("spade_jax.main", f"--config={runlocal_config(2)}", f"--workdir={tmp_path / 'a'}", *flags)
     assert straight.returncode == 0, straight.stdout + straight.stderr
     first = _run("spade_jax.main", f"--config={runlocal_config(1)}", f"--workdir={tmp_path / 'b'}", *flags)

@@ -85,7 +85,7 @@ def test_a_tiny_policy_plays_every_game_end_to_end(small_tokenizer, tmp_path):
     config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16)
     policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    cfg = runner.EvalConfig(suites="gymnax", episodes_per_env=2, seed=5)
+    cfg = runner.EvalConfig(suites="gymnax", plays_per_program=2, seed=5)
     agent = AgentConfig(max_new_tokens=8, context_budget=1024)
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", progress=False)
     runner.run_suites(policy, None, cfg, agent, tmp_path / "b", progress=False)

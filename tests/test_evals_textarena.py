@@ -302,7 +302,7 @@ def test_unknown_games_and_a_missing_package_are_one_line(monkeypatch):
 
 
 def test_items_name_each_game_and_mode():
-    suite = make_suite("textarena:GuessTheNumber-v0,Nim-v0", None, runner.EvalConfig(episodes_per_env=2))
+    suite = make_suite("textarena:GuessTheNumber-v0,Nim-v0", None, runner.EvalConfig(plays_per_program=2))
     assert isinstance(suite, TextArenaSuite)
     items = suite.items(None, 10)
     assert [item.item_id for item in items] == [
@@ -316,7 +316,7 @@ def test_a_tiny_policy_plays_end_to_end(small_tokenizer, tmp_path):
     config = ModelConfig(vocab_size=small_tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=16)
     policy = random_policy(config, small_tokenizer, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1]))
-    cfg = runner.EvalConfig(suites="textarena:GuessTheNumber-v0,TicTacToe-v0", episodes_per_env=2, seed=5)
+    cfg = runner.EvalConfig(suites="textarena:GuessTheNumber-v0,TicTacToe-v0", plays_per_program=2, seed=5)
     agent = AgentConfig(context_budget=2048)
     generation = {"textarena": GenerationSettings(temperature=1.0, max_new_tokens=8)}
     first = runner.run_suites(policy, None, cfg, agent, tmp_path / "a", generation, progress=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spade_jax.models.config import ModelConfig
-from spade_jax.models.memory_plan import (
+from spade_jax.sampling.memory_plan import (
     GIB, PUBLISHED_ARCHITECTURES, memory_plan, mesh_stub, per_device, plan_for_config, resolve_mesh_shape)
 from spade_jax.models.sharding import TRAIN_RULES
 from spade_jax.selfplay.config import validate

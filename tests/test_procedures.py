@@ -245,6 +245,11 @@ def test_environment_suites_play_with_guidance_and_benchmarks_without(pool, smal
     assert "guided" not in plain.summary and [r.guidance for r in played[1]] == [None, None]
 
 
+def _component(run):
+    """The procedure-memory component of a self-play run."""
+    return run.components.named("procedures")
+
+
 def _procedures_on(c):
     c.hints.mode = "solution"
     c.agent.procedure_memory.enabled = True
@@ -257,7 +262,7 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
     run = random_selfplay(tmp_path, _procedures_on)
     try:
         env = PoolEnv("seed-shopping", library.load_source("shopping"), "mathematical reasoning", None, 0)
-        assert run._guidance(env) is None
+        assert _component(run).guidance(env) is None
         won = _messages((_call("price", item="apple"), "One apple costs 3 coins."), "<answer>3</answer>")
         lost = _messages("<answer>9</answer>")
 
@@ -266,18 +271,18 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
             return types.SimpleNamespace(request=request, hinted=hinted, messages=messages, won=won_,
                                          end_reason="terminated", turns=len(messages) // 2)
 
-        metrics = {}
-        run._learn_procedures([env], [play(True, won, True), play(False, lost, False)], metrics)
+        metrics = _component(run).observe([env], [play(True, won, True), play(False, lost, False)])
         assert metrics["procedures/transitions"] == 0  # the hinted win is not learned from; the loss adds nothing
-        run._learn_procedures([env], [play(False, won, True), play(False, lost, False, "G"), play(True, lost, False)],
-                              metrics)
+        metrics = _component(run).observe([env], [play(False, won, True), play(False, lost, False, "G"),
+                                                  play(True, lost, False)])
         assert metrics == {"procedures/keys": 1, "procedures/transitions": 3, "procedures/guided_episodes": 1,
                            "procedures/heldout_claims": 0}
-        assert run.procedures.transition("mathematical reasoning", "answer", "END") == (1, 2)
-        assert run.procedures.transition("mathematical reasoning", "answer", "END", seed_library=True) == (1, 2)
-        text = run._guidance(env)
+        assert _component(run).memory.transition("mathematical reasoning", "answer", "END") == (1, 2)
+        assert _component(run).memory.transition("mathematical reasoning", "answer", "END", seed_library=True) == (1, 2)
+        text = _component(run).guidance(env)
         assert text == "A procedure that won before (reliability 0.22): 1. call price  2. answer"
-        assert run._program_guidance(library.load_source("arithmetic")) == text  # a held-out family of the skill
+        # a held-out family of the skill
+        assert _component(run).heldout_guidance(library.load_source("arithmetic")) == text
         summary = json.loads((tmp_path / PROCEDURES_FILE).read_text())
         assert summary["mathematical reasoning"]["preplay"]["text"] == text
         assert summary["mathematical reasoning"]["heldout_text"] == text  # shopping is a seed program
@@ -285,14 +290,14 @@ def test_the_loop_learns_from_plain_plays_writes_its_summary_and_checkpoints_it(
         assert "mathematical reasoning" in section and "call price" in section
         assert [section.count(r) for r in ("0.67", "0.50")] == [2, 1]
 
-        meta = json.loads(json.dumps(run._meta()))
-        digest = run.state_digest()
-        run.procedures = ProcedureMemory(run.procedure_cfg)
-        assert run.state_digest() != digest
-        run._load_meta(meta)
-        assert run._guidance(env) == text and run.state_digest() == digest
-        run._load_meta({k: v for k, v in meta.items() if k != "procedures"})  # a checkpoint from before
-        assert run.procedures.num_transitions == 0
+        meta = json.loads(json.dumps(run.lifecycle.meta()))
+        digest = run.lifecycle.state_digest()
+        _component(run).memory = ProcedureMemory(_component(run).cfg)
+        assert run.lifecycle.state_digest() != digest
+        run.lifecycle.load_meta(meta)
+        assert _component(run).guidance(env) == text and run.lifecycle.state_digest() == digest
+        run.lifecycle.load_meta({k: v for k, v in meta.items() if k != "procedures"})  # a checkpoint from before
+        assert _component(run).memory.num_transitions == 0
     finally:
         run.close()
 
@@ -307,10 +312,10 @@ def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_
     run = random_selfplay(tmp_path, _procedures_on)
     try:
         for skill in SKILLS:  # the replayed program is a seed program: guided by the seed library's graphs
-            run.procedures.update(skill, [Step("answer", "win")], True, seed_library=True)
+            _component(run).memory.update(skill, [Step("answer", "win")], True, seed_library=True)
         (metrics,) = run.run(1)
         (env,) = run._replays(0)
-        state = run.procedures.to_state()
+        state = _component(run).memory.to_state()
     finally:
         run.close()
     assert metrics["agent/episodes"] == 4 and metrics["procedures/guided_episodes"] == 4
@@ -320,7 +325,7 @@ def test_a_run_guides_its_plays_counts_them_and_resumes_with_its_procedures(tmp_
         assert count == 3 and success == 1 + 2 * metrics["agent/plain_win_rate"]  # the two plain plays, not the hinted
     resumed = random_selfplay(tmp_path, _procedures_on)
     try:
-        assert resumed.restore() and resumed.procedures.to_state() == state
+        assert resumed.lifecycle.restore() and resumed.components.named("procedures").to_state() == state
     finally:
         resumed.close()
 
@@ -390,7 +395,7 @@ def _episode(env_key, code, messages, won=True):
 
 
 def _learn(run, env, messages, times=3):
-    run._learn_procedures([env], [_episode(0, env.code, messages) for _ in range(times)], {})
+    _component(run).observe([env], [_episode(0, env.code, messages) for _ in range(times)])
 
 
 @pytest.mark.parametrize("key", ["family", "skill"])
@@ -401,8 +406,8 @@ def test_a_designed_class_named_after_a_held_out_family_never_guides_it(tmp_path
     try:
         designed = PoolEnv("env-000001", _CLAIMS_HIDDEN_RULE, "pattern recognition", None, 0)
         _learn(run, designed, _PEEK_WON)
-        assert run._program_guidance(library.load_source("hidden_rule")) is None
-        assert run._guidance(designed) is None  # a program that claims a held-out family is not learned from
+        assert _component(run).heldout_guidance(library.load_source("hidden_rule")) is None
+        assert _component(run).guidance(designed) is None  # a program that claims a held-out family is not learned from
     finally:
         run.close()
 
@@ -415,13 +420,13 @@ def test_a_designed_program_of_a_held_out_skill_never_guides_held_out_items_unde
     try:
         designed = PoolEnv("env-000002", _SAME_SKILL, "pattern recognition", None, 0)
         _learn(run, designed, _PEEK_WON)
-        assert "peek_answer_key" in run._guidance(designed)  # training plays of the skill are guided by it
-        assert run._program_guidance(library.load_source("hidden_rule")) is None
+        assert "peek_answer_key" in _component(run).guidance(designed)  # training plays of the skill are guided by it
+        assert _component(run).heldout_guidance(library.load_source("hidden_rule")) is None
         seed = PoolEnv("seed-repeat_pattern", library.load_source("repeat_pattern"), "pattern recognition", None, 0)
         _learn(run, seed, _messages("<answer>1</answer>"), times=1)
-        text = run._program_guidance(library.load_source("hidden_rule"))
+        text = _component(run).heldout_guidance(library.load_source("hidden_rule"))
         assert text == "A procedure that won before (reliability 0.44): 1. answer"  # 2/3 * 2/3: the seed's path only
-        assert run._guidance(seed) == text  # a seed program's plays are guided by the seed library's graph
+        assert _component(run).guidance(seed) == text  # a seed program's plays are guided by the seed library's graph
     finally:
         run.close()
 
@@ -486,7 +491,7 @@ def test_held_out_scores_with_procedure_memory_are_unchanged_by_a_designed_progr
 
             monkeypatch.setattr(runner, "play_episodes", play)
             result = runner.run_suite(policy, run.pool, suite, runner.EvalConfig(), AgentConfig(context_budget=4096),
-                                      None, progress=False, items=items, guidance=run._program_guidance)
+                                      None, progress=False, items=items, guidance=_component(run).heldout_guidance)
             return requests, prompts, result.summary["score"], result.summary.get("guided")
 
         before = evaluate()
@@ -494,10 +499,10 @@ def test_held_out_scores_with_procedure_memory_are_unchanged_by_a_designed_progr
             _learn(run, PoolEnv(env_id, code, "pattern recognition", None, 0), _PEEK_WON)
         _learn(run, PoolEnv("env-000003", _CLAIMS_HIDDEN_RULE.replace("pattern recognition", "mathematical reasoning"),
                             "mathematical reasoning", None, 0), _PEEK_WON)
-        assert run.procedures.num_transitions > 3  # the designed programs were learned from (for training plays)
+        assert _component(run).memory.num_transitions > 3  # the designed programs were learned from, for training
         after = evaluate()
         assert after == before
-        assert before[0] == ([run._program_guidance(library.load_source("arithmetic"))] * 2 + [None] * 2)
+        assert before[0] == ([_component(run).heldout_guidance(library.load_source("arithmetic"))] * 2 + [None] * 2)
         assert (before[0][0] is not None) == (key == "skill")
     finally:
         run.close()

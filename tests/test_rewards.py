@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from spade_jax.envs.contract import episode_reward
 from spade_jax.rl import rewards as R
 
 
@@ -11,17 +12,15 @@ def test_episode_rewards_clip_truncation_and_timeout():
     final = [0.5, 2.0, -3.0, 1.0, 0.7, float("nan")]
     terminated = [True, True, True, False, True, False]
     timed_out = [False, False, False, False, True, True]
-    out = R.episode_rewards(final, terminated, timed_out)
-    np.testing.assert_array_equal(out, [0.5, 1.0, -1.0, 0.0, -0.5, -0.5])
-    out = R.episode_rewards(final, terminated, timed_out, timeout_penalty=-0.3)
-    np.testing.assert_array_equal(out, [0.5, 1.0, -1.0, 0.0, -0.3, -0.3])
-    np.testing.assert_array_equal(R.episode_rewards([0.25, 0.25], [True, False]), [0.25, 0.0])
-    assert R.episode_rewards(0.75, True).tolist() == [0.75]
+    assert [episode_reward(*e) for e in zip(final, terminated, timed_out)] == [0.5, 1.0, -1.0, 0.0, -0.5, -0.5]
+    assert [episode_reward(*e, timeout_penalty=-0.3) for e in zip(final, terminated, timed_out)] == [
+        0.5, 1.0, -1.0, 0.0, -0.3, -0.3]
+    assert [episode_reward(0.25, t) for t in (True, False)] == [0.25, 0.0]
 
 
 def test_episode_rewards_rejects_non_finite_terminated_reward():
     with pytest.raises(ValueError, match="non-finite reward"):
-        R.episode_rewards([0.0, float("inf")], [True, True])
+        episode_reward(float("inf"), True)
 
 
 def test_wins_use_contract_success():

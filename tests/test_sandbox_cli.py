@@ -67,7 +67,7 @@ def _one_json(stdout: str) -> dict:
 def test_admit_cli_json_is_one_clean_object(tmp_path):
     noisy = tmp_path / "noisy.py"
     noisy.write_text(NOISY)
-    out = _cli("admit", str(noisy), "--json", "--seeds", "2")
+    out = _cli("admit_cli", str(noisy), "--json", "--seeds", "2")
     assert out.returncode == 0, out.stderr
     report = _one_json(out.stdout)  # exactly one JSON document: nothing the env printed
     assert "NOISE" not in out.stdout and "NOISE" not in out.stderr
@@ -80,17 +80,17 @@ def test_admit_cli_json_is_one_clean_object(tmp_path):
 def test_admit_cli_exit_codes_and_human_report(tmp_path):
     rejected = tmp_path / "rejected.py"
     rejected.write_text("import os\n")
-    out = _cli("admit", str(rejected))
+    out = _cli("admit_cli", str(rejected))
     assert out.returncode == 1
     assert "REJECTED" in out.stdout and "stage:     parse (1/8)" in out.stdout and "isolation:" in out.stdout
     assert "import of 'os' is not allowed" in out.stdout
-    assert _cli("admit", str(EXAMPLES / "tool_env.py")).returncode == 0
-    missing = _cli("admit", str(tmp_path / "missing.py"))
+    assert _cli("admit_cli", str(EXAMPLES / "tool_env.py")).returncode == 0
+    missing = _cli("admit_cli", str(tmp_path / "missing.py"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr and not missing.stdout
-    bogus = _cli("admit", "--bogus-flag", str(rejected))
+    bogus = _cli("admit_cli", "--bogus-flag", str(rejected))
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus-flag" in bogus.stderr and not bogus.stdout
-    assert _cli("admit").returncode == 2
-    assert _cli("admit", str(rejected), "--seeds", "0").returncode == 2
+    assert _cli("admit_cli").returncode == 2
+    assert _cli("admit_cli", str(rejected), "--seeds", "0").returncode == 2
 
 
 def _verdict_lines(stdout: str) -> list[str]:
@@ -102,7 +102,7 @@ def test_admit_cli_verdict_line_cannot_be_spoofed(tmp_path):
                                  ("solution", SPOOF_SOLUTION, "feasibility")):
         path = tmp_path / f"{name}.py"
         path.write_text(program)
-        out = _cli("admit", str(path), "--seeds", "1")
+        out = _cli("admit_cli", str(path), "--seeds", "1")
         assert out.returncode == 1, (name, out.stdout, out.stderr)
         assert _verdict_lines(out.stdout) == ["verdict:   REJECTED"], (name, out.stdout)
         assert f"stage:     {stage} " in out.stdout, (name, out.stdout)
@@ -113,7 +113,7 @@ def test_admit_cli_verdict_line_cannot_be_spoofed(tmp_path):
         assert "ADMITTED\ufffd\ufffd\n" not in reason[0]
         assert len(out.stdout.splitlines()) <= 10  # file, verdict, stage, reason, class, timings, isolation, ...
 
-        js = _cli("admit", str(path), "--seeds", "1", "--json")
+        js = _cli("admit_cli", str(path), "--seeds", "1", "--json")
         assert js.returncode == 1
         report = _one_json(js.stdout)  # ASCII: escapes cannot reach a terminal that cats it
         assert report["admitted"] is False and report["internal_error"] is False
@@ -130,21 +130,21 @@ def test_admit_cli_json_on_errors_is_one_object_with_exit_2(tmp_path):
         (["--seeds", "0"], None, "--seeds must be at least 1"),
     ]
     for extra, env, message in cases:
-        out = _cli("admit", str(program), "--json", *extra, env=env)
+        out = _cli("admit_cli", str(program), "--json", *extra, env=env)
         assert out.returncode == 2, (extra, out.stdout, out.stderr)
         report = _one_json(out.stdout)
         assert report["internal_error"] is True and report["admitted"] is False, extra
         assert message in report["error"], (extra, report)
-    missing = _cli("admit", str(tmp_path / "missing.py"), "--json")
+    missing = _cli("admit_cli", str(tmp_path / "missing.py"), "--json")
     report = _one_json(missing.stdout)
     assert missing.returncode == 2 and report["file"] == str(tmp_path / "missing.py")
     assert report["error"].startswith("cannot read") and report["internal_error"] is True
-    nofile = _cli("admit", "--json")
+    nofile = _cli("admit_cli", "--json")
     assert nofile.returncode == 2 and _one_json(nofile.stdout)["file"] is None
 
 
 def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatch, capfd):
-    from spade_jax.sandbox import admission, admit
+    from spade_jax.sandbox import admission, admit_cli
     from spade_jax.sandbox.pool import SandboxError
 
     program = tmp_path / "game.py"
@@ -155,12 +155,12 @@ def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatc
             print("stray output from inside the admission")
             raise _error
         monkeypatch.setattr(admission, "admit", broken)
-        assert admit.main([str(program), "--json"]) == 2
+        assert admit_cli.main([str(program), "--json"]) == 2
         captured = capfd.readouterr()
         report = _one_json(captured.out)
         assert report["internal_error"] is True and report["error"].startswith(message)
         assert "stray output" in captured.err and "\x1b" not in report["error"]
-        assert admit.main([str(program)]) == 2
+        assert admit_cli.main([str(program)]) == 2
         captured = capfd.readouterr()
         assert not captured.out.replace("stray output from inside the admission\n", "")
         assert f"error: {message}" in captured.err and "\x1b" not in captured.err

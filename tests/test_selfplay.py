@@ -386,11 +386,12 @@ def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):
 def test_an_agent_token_budget_ends_the_run_evaluates_its_last_iteration_and_resumes(
         tmp_path, small_tokenizer, canned_sampler, random_selfplay, monkeypatch):
     from spade_jax.envs import library
+    from spade_jax.selfplay.components import evaluation
 
     sample = canned_sampler(small_tokenizer.encode("<answer>1</answer>"))
     monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=sample, **k))
     evaluated = []
-    monkeypatch.setattr(loop.SelfPlay, "_evaluate", lambda self, step: evaluated.append(step) or {})
+    monkeypatch.setattr(evaluation.Evaluation, "run", lambda self, step: evaluated.append(step) or {})
 
     def configure(budget):
         def edit(c):
@@ -413,7 +414,7 @@ def test_an_agent_token_budget_ends_the_run_evaluates_its_last_iteration_and_res
     monkeypatch.setattr(loop.SelfPlay, "iteration", lambda self, it: ({"agent/generated_tokens": per_iteration}, []))
     larger = random_selfplay(tmp_path, configure(2 * per_iteration + 1))
     try:
-        assert len(larger.run()) == 3 and larger.agent_tokens() == 3 * per_iteration
+        assert len(larger.run()) == 3 and larger.lifecycle.agent_tokens() == 3 * per_iteration
     finally:
         larger.close()
 
@@ -426,3 +427,46 @@ def test_a_negative_agent_token_budget_is_refused():
     c.agent_token_budget = -1
     with pytest.raises(ValueError, match="config.agent_token_budget: must be >= 0"):
         validate(c, 1)
+
+
+def test_a_fourth_side_system_is_its_file_and_one_registration_line(tmp_path, small_tokenizer, canned_sampler,
+                                                                   monkeypatch):
+    """A periodic job with state, registered beside the built-in side systems: the loop runs it on
+    its cadence, times it, reports its metrics and checkpoints its state; a resume restores it."""
+    from spade_jax.selfplay import components
+
+    class Counter:
+        kind, name, every, at_budget_end, state_key = "job", "counter", 2, False, "counter"
+
+        def __init__(self, context):
+            self.context, self.runs = context, []
+
+        def run(self, step):
+            self.runs.append(step)
+            return {"counter/runs": len(self.runs), "counter/memory": len(self.context.memory_records())}
+
+        def to_state(self):
+            return {"runs": self.runs}
+
+        def load_state(self, state):
+            self.runs = list((state or {}).get("runs", []))
+
+    registry = components.REGISTRY + (Counter,)
+    sample = canned_sampler(small_tokenizer.encode("\\boxed{1}"))
+    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=sample, **k))
+    c = tiny_selfplay_config()
+    c.designer.enabled = False
+    c.num_iterations = 2
+    run = loop.SelfPlay(c, str(tmp_path), policy=_tiny_policy(c, small_tokenizer), registry=registry)
+    try:
+        first, second = run.run()
+        assert run.components.named("counter").runs == [2]
+    finally:
+        run.close()
+    assert "counter/runs" not in first and second["counter/runs"] == 1 and second["counter/memory"] == 17
+    assert second["time/counter_s"] >= 0
+    resumed = loop.SelfPlay(c, str(tmp_path), policy=_tiny_policy(c, small_tokenizer), registry=registry)
+    try:
+        assert resumed.lifecycle.restore() and resumed.components.named("counter").runs == [2]
+    finally:
+        resumed.close()

@@ -72,7 +72,7 @@ def test_spm_rejects_models_without_chat_tokens(tmp_path):
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TEXTS * 5), model_prefix=str(tmp_path / "plain"), vocab_size=120,
+        sentence_iterator=iter(TEXTS * 5), model_prefix=str(tmp_path / "plain"), vocab_size=64,
         minloglevel=2,
     )
     with pytest.raises(ValueError, match="lacks the chat token '<\\|im_start\\|>'.*SentencePieceTokenizer.train"):

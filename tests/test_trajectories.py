@@ -1,4 +1,4 @@
-"""Tool-use trajectory synthesis: graph, chains, query checks, calibration, export, replay, chat template."""
+"""Tool-use trajectory synthesis: graph, chains, query checks, verification, export, replay, chat template."""
 
 import json
 import re
@@ -249,18 +249,19 @@ def test_an_exported_record_round_trips_through_a_tool_chat_template(pool):
 
 
 def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, random_selfplay, monkeypatch):
-    from spade_jax.selfplay import loop
+    from spade_jax.trajectories import run as synthesis
 
     def configure(c):
         c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
         c.trajectories.chain.max_calls = 3
 
-    monkeypatch.setattr(loop, "complete_chats",
+    monkeypatch.setattr(synthesis, "complete_chats",
                         lambda policy, chats, **unused: [types.SimpleNamespace(text=t) for t in _canned_queries(chats)])
-    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    monkeypatch.setattr(synthesis, "play_episodes",
+                        lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
     run = random_selfplay(tmp_path, configure)
     try:
-        metrics = run._synthesize_trajectories(4)
+        metrics = run.components.named("trajectories").run(5)
     finally:
         run.close()
     # memory's newest tool-use program (the seed library's first: shopping); the first query names price(
@@ -346,7 +347,7 @@ def _canned_customer_queries(chats, seen=None):
 
 
 def _no_agent(requests):
-    """A calibrating agent that makes no call: every kept example is verified by the reference replay."""
+    """A verifying agent that makes no call: every kept example is verified by the reference replay."""
     return [types.SimpleNamespace(messages=[]) for _ in requests]
 
 
@@ -467,7 +468,7 @@ def test_an_exception_from_one_program_is_its_rejection(pool, monkeypatch):
 
 
 def test_the_loop_survives_hostile_tool_programs_and_lists_their_reasons(tmp_path, random_selfplay, monkeypatch):
-    from spade_jax.selfplay import loop
+    from spade_jax.trajectories import run as synthesis
 
     # newest last: the four rejected on reading first, then the three that reach the sandbox
     hostile = {"marked": MARKED, "decoy": DECOY, "swapped": SWAPPED_TOOLS, "required-int": REQUIRED_INT,
@@ -478,14 +479,15 @@ def test_the_loop_survives_hostile_tool_programs_and_lists_their_reasons(tmp_pat
         c.trajectories.chain.max_calls = 3
 
     chats = []
-    monkeypatch.setattr(loop, "complete_chats", lambda policy, cs, **unused: [
+    monkeypatch.setattr(synthesis, "complete_chats", lambda policy, cs, **unused: [
         types.SimpleNamespace(text=t) for t in _canned_customer_queries(cs, chats)])
-    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    monkeypatch.setattr(synthesis, "play_episodes",
+                        lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
     run = random_selfplay(tmp_path, configure)
     try:
         for i, (name, source) in enumerate(hostile.items(), 1):
             run.memory.add(source, "tool_use", iteration=i, env_id=name)
-        metrics = run._synthesize_trajectories(4)
+        metrics = run.components.named("trajectories").run(5)
     finally:
         run.close()
     out = tmp_path / "trajectories" / "5"
@@ -598,19 +600,20 @@ def test_calls_to_an_episode_that_is_over_do_not_reach_the_sandbox():
 
 def test_the_writers_prompt_is_escaped_for_the_policy_tokenizer_with_program_escaping_off(tmp_path, random_selfplay,
                                                                                          monkeypatch):
-    from spade_jax.selfplay import loop
+    from spade_jax.trajectories import run as synthesis
     from spade_jax.trajectories import graph, queries
 
     monkeypatch.setattr(graph, "program_text", lambda text, limit=None: text if limit is None else text[:limit])
     monkeypatch.setattr(queries, "program_text", lambda text, limit=None: text)
     chats = []
-    monkeypatch.setattr(loop, "complete_chats", lambda policy, cs, **unused: [
+    monkeypatch.setattr(synthesis, "complete_chats", lambda policy, cs, **unused: [
         types.SimpleNamespace(text=t) for t in _canned_customer_queries(cs, chats)])
-    monkeypatch.setattr(loop, "play_episodes", lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
+    monkeypatch.setattr(synthesis, "play_episodes",
+                        lambda *a, **k: play_episodes(*a, sample=_shopping_agent(True), **k))
     run = random_selfplay(tmp_path, lambda c: c.trajectories.update(every=1, max_envs=1, chains_per_env=2))
     try:
         run.memory.add(MARKED, "tool_use", iteration=1, env_id="marked")
-        run._synthesize_trajectories(0)
+        run.components.named("trajectories").run(1)
     finally:
         run.close()
     prompts = [m["content"] for chat in chats for m in chat]

@@ -13,7 +13,12 @@ The implicit import of a module's parent packages is not an edge.
 Every strongly connected component of more than one module is a cycle; each is printed
 with a shortest cycle through it and the import statements (file:line) that make it up.
 
-    python tools/import_cycles.py            # exit status 1 when there is a cycle
+The same graph, collapsed to packages (``spade_jax.X`` for a subpackage or a top-level
+module; every ``__main__`` module and the top-level entry modules count as entry points),
+must have no cycle either, and every import must follow `LAYERS`: a package imports only
+packages of its own layer or of layers below it. A package in no layer is reported too.
+
+    python tools/import_cycles.py            # exit status 1 when there is a cycle or a layer is crossed
     python tools/import_cycles.py --root DIR # DIR holds the spade_jax/ package
 """
 
@@ -27,6 +32,15 @@ import pathlib
 import sys
 
 PACKAGE = "spade_jax"
+# Lowest first. Entry points (command lines) sit on top; nothing imports them.
+LAYERS = (
+    ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable")),
+    ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.envs")),
+    ("roles", ("spade_jax.agent", "spade_jax.designer")),
+    ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),
+    ("run", ("spade_jax.selfplay",)),
+    ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo")),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +210,43 @@ def shortest_cycle(component: list[str], edges: list[Edge]) -> list[str]:
     raise AssertionError(f"{component} is not a cycle")
 
 
+def package_of(module: str) -> str:
+    """The package-level unit of ``module``: ``spade_jax.X``, or the module itself for a ``__main__``."""
+    return module if module.endswith(".__main__") else ".".join(module.split(".")[:2])
+
+
+def layer_of(unit: str) -> int | None:
+    """The index in `LAYERS` of a package-level unit (entry points for every ``__main__``)."""
+    if unit.endswith(".__main__"):
+        return len(LAYERS) - 1
+    return next((i for i, (_, units) in enumerate(LAYERS) if unit in units), None)
+
+
+def package_edges(edges: list[Edge]) -> list[Edge]:
+    """The import edges between different package-level units."""
+    return [dataclasses.replace(e, source=package_of(e.source), target=package_of(e.target)) for e in edges
+            if package_of(e.source) != package_of(e.target)]
+
+
+def layer_violations(units: list[str], edges: list[Edge]) -> tuple[list[str], list[Edge]]:
+    """Units in no layer, and package edges that import from a higher layer."""
+    unplaced = sorted(u for u in units if layer_of(u) is None)
+    upward = [e for e in edges if None not in (layer_of(e.source), layer_of(e.target))
+              and layer_of(e.target) > layer_of(e.source)]
+    return unplaced, upward
+
+
+def _print_cycles(cycles: list[list[str]], edges: list[Edge], kind: str) -> None:
+    for n, component in enumerate(cycles, 1):
+        print(f"{kind} cycle {n}: {len(component)} {kind}s: {', '.join(component)}")
+        print("  e.g. " + " -> ".join(shortest_cycle(component, edges)))
+        members = set(component)
+        for edge in sorted(edges, key=lambda e: (e.path, e.line)):
+            if edge.source in members and edge.target in members:
+                where = "in a function" if edge.function_level else "module level"
+                print(f"  {edge.path}:{edge.line} ({where}): {edge.source} -> {edge.target}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1],
@@ -203,19 +254,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nodes, edges = import_graph(args.root)
     cycles = strongly_connected(nodes, edges)
-    if not cycles:
+    units = sorted({package_of(n) for n in nodes})
+    pedges = package_edges(edges)
+    package_cycles = strongly_connected(units, pedges)
+    unplaced, upward = layer_violations(units, pedges)
+    if cycles:
+        _print_cycles(cycles, edges, "module")
+        print(f"{len(cycles)} import cycle(s) among the {len(nodes)} modules of {PACKAGE}")
+    else:
         print(f"no import cycles among the {len(nodes)} modules of {PACKAGE}")
-        return 0
-    for n, component in enumerate(cycles, 1):
-        print(f"cycle {n}: {len(component)} modules: {', '.join(component)}")
-        print("  e.g. " + " -> ".join(shortest_cycle(component, edges)))
-        members = set(component)
-        for edge in sorted(edges, key=lambda e: (e.path, e.line)):
-            if edge.source in members and edge.target in members:
-                where = "in a function" if edge.function_level else "module level"
-                print(f"  {edge.path}:{edge.line} ({where}): {edge.source} -> {edge.target}")
-    print(f"{len(cycles)} import cycle(s) among the {len(nodes)} modules of {PACKAGE}")
-    return 1
+    if package_cycles:
+        _print_cycles(package_cycles, pedges, "package")
+        print(f"{len(package_cycles)} package-level cycle(s) among the {len(units)} packages of {PACKAGE}")
+    else:
+        print(f"no package-level cycles among the {len(units)} packages and entry points of {PACKAGE}")
+    for unit in unplaced:
+        print(f"{unit} is in no layer: add it to LAYERS in tools/import_cycles.py")
+    for edge in sorted(upward, key=lambda e: (e.path, e.line)):
+        print(f"layer crossed: {edge.path}:{edge.line}: {edge.source} ({LAYERS[layer_of(edge.source)][0]}) imports "
+              f"{edge.target} ({LAYERS[layer_of(edge.target)][0]})")
+    if not (unplaced or upward):
+        print("every import follows the layers: " + " -> ".join(name for name, _ in LAYERS))
+    return 1 if cycles or package_cycles or unplaced or upward else 0
 
 
 if __name__ == "__main__":

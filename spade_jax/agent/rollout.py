@@ -34,8 +34,7 @@ import numpy as np
 
 from spade_jax.agent.actions import parse_action
 from spade_jax.agent.conversation import Conversation
-from spade_jax.envs.contract import is_success
-from spade_jax.rl.rewards import episode_rewards
+from spade_jax.envs.contract import DEFAULT_TIMEOUT_PENALTY, episode_reward, is_success
 from spade_jax.sampling import Generation
 from spade_jax.sampling.engine import EngineStats, RowEngine
 from spade_jax.sandbox import EpisodeSpec
@@ -62,13 +61,23 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    timeout_penalty: float = -0.5
+    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY
     system_prompt: str = AGENT_SYSTEM_PROMPT
     rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
     refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
     # Step finished replies in the sandbox while the next chunk decodes (they rejoin a chunk
     # later): worth it for slow environments; the library's steps take under a millisecond.
     overlap_sandbox: bool = False
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens >= self.context_budget:
+            raise ValueError(f"context_budget ({self.context_budget}) must exceed max_new_tokens ({self.max_new_tokens})")
+        if self.rows < 1:
+            raise ValueError(f"rows must be >= 1 (episodes decoded at once), got {self.rows}")
+        if not 0 < self.refill_fraction <= 1:
+            raise ValueError(f"refill_fraction must be in (0, 1], got {self.refill_fraction}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,14 +252,9 @@ def play_episodes(
 
     pool.close([e.episode_id for e in episodes])
     stats.wall_s += time.perf_counter() - started
-    rewards = episode_rewards(
-        [e.final_reward for e in episodes],
-        [e.terminated for e in episodes],
-        [e.timed_out for e in episodes],
-        timeout_penalty=cfg.timeout_penalty,
-    )
     out = []
-    for e, reward in zip(episodes, rewards):
+    for e in episodes:
+        reward = episode_reward(e.final_reward, e.terminated, e.timed_out, timeout_penalty=cfg.timeout_penalty)
         conv = e.conversation
         tokens, mask, logprobs = conv.arrays() if conv else (np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.float32))
         out.append(

@@ -27,7 +27,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
-from spade_jax.designer.memory import MAX_RECENT_PLAYS
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.sandbox import EpisodeSpec
 from spade_jax.sandbox.policy import difficulty_levels
@@ -38,7 +37,7 @@ STAGE = "calibration"
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationConfig:
-    """The calibration stage and pool rotation.
+    """The calibration stage (pool rotation out of replay is memory's: `RotationConfig`).
 
     enabled: calibrate the programs admitted each design iteration (off: every admitted
       program plays at its default level).
@@ -48,16 +47,11 @@ class CalibrationConfig:
       with 4 seeds admits 1, 2 or 3 wins of 4: at least one win (the agent gets a learning
       signal) and at least one loss (not yet mastered); the lower edge, half a seed's step,
       also admits 1 win of 8 when seeds_per_level is 8.
-    retire_win_rate: a memory record whose plain win rate over its last `retire_plays`
-      plays exceeds this leaves the replay pool (0: no rotation; works with `enabled` off too).
-    retire_plays: how many of a record's latest plain plays the rotation looks at.
     """
 
     enabled: bool = False
     seeds_per_level: int = 4
     band: tuple[float, float] = (0.125, 0.75)
-    retire_win_rate: float = 0.0
-    retire_plays: int = 8
 
     def __post_init__(self):
         if self.seeds_per_level < 1:
@@ -65,10 +59,6 @@ class CalibrationConfig:
         low, high = self.band
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"band must be an ordered pair within [0, 1], got {tuple(self.band)}")
-        if not 0.0 <= self.retire_win_rate < 1.0:
-            raise ValueError(f"retire_win_rate must be in [0, 1) (0 = no rotation), got {self.retire_win_rate}")
-        if not 1 <= self.retire_plays <= MAX_RECENT_PLAYS:
-            raise ValueError(f"retire_plays must be in 1..{MAX_RECENT_PLAYS}, got {self.retire_plays}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,24 @@ _STAT_FIELDS = ("win_rate", "mean_plain", "mean_hinted", "regret", "designer_rew
 MAX_RECENT_PLAYS = 256  # plain play outcomes a record keeps for pool rotation
 
 
+@dataclasses.dataclass(frozen=True)
+class RotationConfig:
+    """Pool rotation (EvoEnv): mastered records leave the replay pool (`retire_mastered`).
+
+    retire_win_rate: a record whose plain win rate over its last `retire_plays` plays exceeds
+      this is retired (0: no rotation); retire_plays: how many latest plain plays it looks at.
+    """
+
+    retire_win_rate: float = 0.0
+    retire_plays: int = 8
+
+    def __post_init__(self):
+        if not 0.0 <= self.retire_win_rate < 1.0:
+            raise ValueError(f"retire_win_rate must be in [0, 1) (0 = no rotation), got {self.retire_win_rate}")
+        if not 1 <= self.retire_plays <= MAX_RECENT_PLAYS:
+            raise ValueError(f"retire_plays must be in 1..{MAX_RECENT_PLAYS}, got {self.retire_plays}")
+
+
 @dataclasses.dataclass
 class EnvRecord:
     """One admitted environment. Statistics are the latest measurement (None = unmeasured)."""

@@ -42,9 +42,12 @@ This module is imported inside sandbox workers: standard library only.
 
 from __future__ import annotations
 
+import math
 import re
 
 SUCCESS_REWARD = 1.0
+# The reward of an episode one of whose steps ran past its deadline.
+DEFAULT_TIMEOUT_PENALTY = -0.5
 # Episode seeds are drawn uniformly from range(EPISODE_SEED_SPACE): by the self-play loop for
 # training episodes and by sandbox admission for its probes, so a program cannot tell them apart.
 EPISODE_SEED_SPACE = 2**31
@@ -67,6 +70,27 @@ def extract_boxed(text: str) -> str | None:
                 if depth == 0:
                     return text[start:i].strip()
     return None
+
+
+def episode_reward(final_reward: float, terminated: bool, timed_out: bool = False, *,
+                   timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY) -> float:
+    """The scalar reward of a finished episode.
+
+    final_reward: the reward its last step returned (read only if the episode terminated);
+    terminated: whether that step set ``terminated``; timed_out: whether a step ran past its
+    deadline (takes precedence: ``timeout_penalty``). A terminated episode gets its last reward
+    clipped to [-1, 1]; one that ended any other way (truncated, out of turns or context) 0.
+    A terminated episode with a non-finite reward is a sandbox bug (it reports such a step as
+    a failure) and raises ValueError.
+    """
+    if timed_out:
+        return float(timeout_penalty)
+    if not terminated:
+        return 0.0
+    if not math.isfinite(final_reward):
+        raise ValueError(f"an episode terminated with a non-finite reward {final_reward}; the sandbox must report "
+                         "such a step as a failure instead")
+    return min(1.0, max(-1.0, float(final_reward)))
 
 
 def is_success(reward: float) -> bool:

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
+    from spade_jax.cli import refuse_renamed
+
+    refuse_renamed(sys.argv)
 
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (its checkpoints; results go to WORKDIR/evals/).", required=True)
@@ -30,24 +36,19 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> None:
     del argv
-    import jax
-
+    from spade_jax import cli
     from spade_jax.evals import runner
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
-    from spade_jax.selfplay.checkpoint import restore_parameters
-    from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 
-    config = FLAGS.config
-    config_lib.validate(config, jax.device_count())
+    config = cli.validated(FLAGS.config)
     workdir = os.path.abspath(FLAGS.workdir)
     cfg = config_lib.eval_config(config)
     cfg = dataclasses.replace(cfg, suites=FLAGS.suites if FLAGS.suites is not None else cfg.suites,
                               limit=FLAGS.limit if FLAGS.limit is not None else cfg.limit)
     if not cfg.specs:
         raise app.UsageError("no suites: give --suites=... or set config.eval.suites")
-    policy = build_policy(config, workdir, mesh_from_config(config))
-    step = restore_parameters(policy, config, workdir, FLAGS.checkpoint)
+    policy, step = cli.policy_from(config, workdir, FLAGS.checkpoint)
     step = "initial" if step is None else str(step)
     out_dir = os.path.join(workdir, "evals", step)
     with SandboxPool(config_lib.sandbox_config(config)) as pool:

@@ -29,7 +29,7 @@ from spade_jax.progress import progress_bar
 from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.seeds import derive_seed
-from spade_jax.selfplay.runlog import jsonable
+from spade_jax.jsonable import jsonable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +38,9 @@ class EvalConfig:
 
     suites: comma-separated specs (``prefix[:argument]``, see `registry`); every: the main job evaluates
     after every N-th iteration (0: never); limit: items per suite (0: all); seed: items,
-    shuffles and sampling; episodes_per_env: plays per program of an environment suite;
-    max_turns: turns of an episode item that does not set its own; batch_size: chats per
-    sampler call; acebench_dir: the ACEBench data directory when the spec gives none;
+    shuffles and sampling (unset in a run's config: the run's `seed`); plays_per_program: plays
+    per program of an environment or game suite; default_turns: turns of an episode item that
+    does not set its own; batch_size: chats per sampler call; acebench_dir: the ACEBench data directory when the spec gives none;
     admission: the run's admission (its sandbox and limits), with which environment suites
     admit their programs (None: the defaults); sampled_temperature: when > 0, every suite
     whose settings are greedy is also scored sampled at this temperature, on the same items
@@ -52,15 +52,15 @@ class EvalConfig:
     every: int = 0
     limit: int = 0
     seed: int = 0
-    episodes_per_env: int = 4
-    max_turns: int = 8
+    plays_per_program: int = 4
+    default_turns: int = 8
     batch_size: int = 32
     acebench_dir: str = ""
     admission: AdmissionConfig | None = None
     sampled_temperature: float = 0.0
 
     def __post_init__(self):
-        if (self.every < 0 or self.limit < 0 or self.episodes_per_env < 1 or self.max_turns < 1 or self.batch_size < 1
+        if (self.every < 0 or self.limit < 0 or self.plays_per_program < 1 or self.default_turns < 1 or self.batch_size < 1
                 or self.sampled_temperature < 0):
             raise ValueError(f"eval config out of range: {self}")
 
@@ -183,8 +183,8 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                                                                      f"fill the model's {max_positions} positions"}))
                         outputs[i].append("")
                 bar.update(len(batch))
-            for turns in sorted({items[i].max_turns or cfg.max_turns for i in episodes}):
-                group = [i for i in episodes if (items[i].max_turns or cfg.max_turns) == turns]
+            for turns in sorted({items[i].max_turns or cfg.default_turns for i in episodes}):
+                group = [i for i in episodes if (items[i].max_turns or cfg.default_turns) == turns]
                 context_budget = min(agent_cfg.context_budget, max_positions or agent_cfg.context_budget)
                 per_turn = min(settings.max_new_tokens, context_budget - 1)
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=per_turn,

@@ -8,8 +8,6 @@
 - `moe`: Qwen3-MoE's router and its expert dispatch (tokens sorted into per-expert buffers,
   dropless by default, a capacity for large presets; experts sharded over fsdp), and the
   router statistics the update reports.
-- `memory_plan`: per-device memory of a preset's update and sampler, counted from shapes
-  (`python -m spade_jax.models.memory_plan --config=...`), and the presets' published shapes.
 - `sharding`: logical axis names -> the `(data, fsdp, tensor)` device mesh
   (`TRAIN_RULES`, `make_mesh`), and `constrain` for activations inside jitted code.
 - `policy`: `Policy` (model, config, tokenizer, mesh, rules), random initialisation

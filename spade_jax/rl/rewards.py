@@ -1,7 +1,7 @@
 """Episode rewards, per-environment statistics and designer rewards (host-side numpy).
 
-The flow is: each finished episode gets one scalar reward (`episode_rewards`); the
-episodes of one environment give its statistics (`env_stats`: win rate, mean plain and
+The flow is: each finished episode carries one scalar reward (the environment contract's
+rule, `envs.contract.episode_reward`); the episodes of one environment give its statistics (`env_stats`: win rate, mean plain and
 hinted reward, regret, micro learning potential); the statistics give the designer's reward
 for the program that built the environment (`designer_rewards`, one named variant; the
 reference's `learning_potential` also needs each skill's slow reward average, kept by
@@ -20,35 +20,9 @@ import numpy as np
 
 from spade_jax.envs.contract import SUCCESS_REWARD, is_success
 
-DEFAULT_TIMEOUT_PENALTY = -0.5
 DESIGNER_REWARD_KINDS = ("blend", "regret", "learnability", "sfl", "mean_abs_advantage", "learning_potential",
                          "micro_lp")
 REWARD_SCALINGS = ("none", "auto", "fixed")
-
-
-def episode_rewards(final_rewards, terminated, timed_out=None, *,
-                    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY) -> np.ndarray:
-    """Scalar reward of each episode, shape (N,) float64.
-
-    final_rewards: the reward returned by each episode's last step (ignored unless the
-      episode terminated); terminated: whether that step set ``terminated``;
-    timed_out: whether a step ran past its deadline (takes precedence: the episode gets
-      ``timeout_penalty``). A terminated episode gets its last reward clipped to [-1, 1];
-    an episode that ended any other way (truncated, ran out of turns or context) gets 0.
-    """
-    final = np.atleast_1d(np.asarray(final_rewards, dtype=np.float64))
-    term = np.broadcast_to(np.atleast_1d(np.asarray(terminated, dtype=bool)), final.shape)
-    if timed_out is None:
-        timeout = np.zeros(final.shape, dtype=bool)
-    else:
-        timeout = np.broadcast_to(np.atleast_1d(np.asarray(timed_out, dtype=bool)), final.shape)
-    bad = term & ~timeout & ~np.isfinite(final)
-    if bad.any():
-        raise ValueError(f"episode(s) {np.flatnonzero(bad).tolist()} terminated with a "
-                         f"non-finite reward {final[bad].tolist()}; the sandbox must report "
-                         "such a step as a failure instead")
-    rewards = np.where(term, np.clip(np.nan_to_num(final), -1.0, 1.0), 0.0)
-    return np.where(timeout, float(timeout_penalty), rewards)
 
 
 def wins(rewards) -> np.ndarray:
@@ -321,7 +295,7 @@ def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig
 
 
 __all__ = [
-    "DEFAULT_TIMEOUT_PENALTY", "DESIGNER_REWARD_KINDS", "REWARD_SCALINGS", "SUCCESS_REWARD", "DesignerRewardConfig",
+    "DESIGNER_REWARD_KINDS", "REWARD_SCALINGS", "SUCCESS_REWARD", "DesignerRewardConfig",
     "EnvStats", "SkillRewardAverages", "designer_reward", "designer_reward_scale", "designer_rewards", "env_stats",
-    "episode_rewards", "micro_lp", "plateau", "update_learning_potentials", "wins",
+    "micro_lp", "plateau", "update_learning_potentials", "wins",
 ]

@@ -8,6 +8,8 @@
 - `tokens`: next-token selection inside the loop (greedy, temperature, top-k, top-p)
   and the chosen tokens' log-probs.
 - `host_memory`: hands freed KV-cache memory back to the OS after a call on CPU.
+- `memory_plan`: per-device memory of a preset's update and sampler, counted from shapes
+  (`python -m spade_jax.sampling.memory_plan --config=...`), and the presets' published shapes.
 - `engine`: `RowEngine`, decode rows that keep their KV cache between calls (a turn
   appends only its new tokens), finish and refill independently; the agent's episodes
   (`agent.rollout.play_episodes`) run on it, and `generate_on_rows` gives `generate`'s

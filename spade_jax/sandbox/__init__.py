@@ -19,7 +19,8 @@ The chain, from the trusted side inwards:
 Each layer is applied where the kernel grants it; ``IsolationReport`` says which are in
 force (``isolation="strict"`` refuses to start without all of them). On top:
 ``policy.py`` (the static import policy), ``admission.py`` (staged admission of new
-programs; ``probes.py``, the actions it plays), ``admit.py`` / ``play.py`` (command lines). Standard library (+ numpy in
+programs; ``probes.py``, the actions it plays), ``admit_cli.py`` / ``play.py`` (command
+lines). Standard library (+ numpy in
 workers) only.
 """
 

@@ -25,7 +25,7 @@ from spade_jax.agent.procedures import ProcedureConfig
 from spade_jax.bootstrap import BootstrapConfig
 from spade_jax.designer.calibration import CalibrationConfig
 from spade_jax.designer.corpus import CorpusConfig
-from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.memory import EnvironmentMemory, RotationConfig
 from spade_jax.designer.prompts import PromptConfig
 from spade_jax.designer.review import ReviewConfig
 from spade_jax.designer.rollout import DesignerConfig
@@ -40,6 +40,13 @@ from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.trajectories.synth import SynthConfig
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
+# Fields that were renamed, old -> new: an old name on a command line stops with the new one (`cli`).
+RENAMED = {
+    "calibration.retire_win_rate": "memory.retire_win_rate",
+    "calibration.retire_plays": "memory.retire_plays",
+    "eval.episodes_per_env": "eval.plays_per_program",
+    "eval.max_turns": "eval.default_turns",
+}
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -147,8 +154,10 @@ def base_config() -> ml_collections.ConfigDict:
     # `enabled=False`: designer prompts without exemplars, novelty against the batch only (no-memory
     # ablation); the memory still records environments, which the agent replays. `heldout`: seed
     # programs left out of memory (never replayed, shown or compared against: kept for evaluation).
+    # `retire_*`: rotation of mastered records out of replay (`RotationConfig`).
     c.memory = section(EnvironmentMemory, seed_library=True, enabled=True, heldout=())
-    # Solver-relative difficulty calibration of new designs; rotation of mastered ones out of replay.
+    c.memory.update(section(RotationConfig))
+    # Solver-relative difficulty calibration of new designs.
     c.calibration = section(CalibrationConfig)
     c.hints = section(HintConfig)
     c.agent = section(
@@ -171,7 +180,7 @@ def base_config() -> ml_collections.ConfigDict:
     # <workdir>/trajectories/<step>/. The policy writes the queries and plays the calibrating agent.
     c.trajectories = section(SynthConfig, exclude=("seed",), every=0, max_envs=8)
 
-    c.eval = section(EvalConfig, exclude=("admission",))
+    c.eval = section(EvalConfig, exclude=("admission",), seed=config_dict.placeholder(int))  # unset: `seed`
     c.eval.generation = ml_collections.ConfigDict(
         {prefix.replace("-", "_"): section(GenerationSettings, **dataclasses.asdict(entry.settings))
          for prefix, entry in registered().items()}
@@ -239,6 +248,10 @@ def memory(c) -> EnvironmentMemory:
     return from_section(EnvironmentMemory, c.memory)
 
 
+def rotation_config(c) -> RotationConfig:
+    return from_section(RotationConfig, c.memory)
+
+
 def optim_config(c) -> OptimConfig:
     return from_section(OptimConfig, c.rl)
 
@@ -248,7 +261,9 @@ def loss_config(c) -> LossConfig:
 
 
 def eval_config(c) -> EvalConfig:
-    return from_section(EvalConfig, c.eval, admission=admission_config(c))
+    """`config.eval`, its seed the run's `seed` unless `eval.seed` is set."""
+    seed = c.seed if c.eval.seed is None else c.eval.seed
+    return from_section(EvalConfig, c.eval, admission=admission_config(c), seed=seed)
 
 
 def eval_generation(c) -> dict[str, GenerationSettings]:
@@ -274,7 +289,7 @@ _STAGES = (
     ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
     ("agent", agent_config), ("agent.procedure_memory", procedure_config), ("hints", hint_config),
-    ("corpus", corpus_config), ("memory", memory), ("calibration", calibration_config),
+    ("corpus", corpus_config), ("memory", memory), ("memory", rotation_config), ("calibration", calibration_config),
     ("rl", optim_config), ("rl", loss_config), ("trajectories", synth_config), ("eval", eval_config), ("eval.generation", eval_generation),
 )
 
@@ -324,12 +339,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("agent.replay_envs", "must be >= 1 when designer.enabled is False (the agent only replays memory)")
     if c.agent.episodes_per_env < 1:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")
-    if c.agent.rows < 1:
-        _fail("agent.rows", f"must be >= 1 (episodes decoded at once), got {c.agent.rows}")
-    if not 0 < c.agent.refill_fraction <= 1:
-        _fail("agent.refill_fraction", f"must be in (0, 1], got {c.agent.refill_fraction}")
-    if c.agent.max_new_tokens >= c.agent.context_budget:
-        _fail("agent.context_budget", f"must exceed agent.max_new_tokens ({c.agent.max_new_tokens})")
     if c.rl.row_length < c.agent.context_budget:
         _fail("rl.row_length", f"must be >= agent.context_budget ({c.agent.context_budget}) so episodes fit a row")
     if c.trajectories.every < 0 or c.trajectories.max_envs < 1:

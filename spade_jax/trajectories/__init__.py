@@ -15,11 +15,11 @@ the run's.
 from spade_jax.trajectories.chains import Call, Chain, ChainConfig, EndState, reaches_end_state, sample_chains
 from spade_jax.trajectories.export import Example, rl_task, score_transcript, sft_record
 from spade_jax.trajectories.graph import Edge, ToolGraph, ToolProbe, probe_graph
-from spade_jax.trajectories.queries import QueryConfig, calibrate, spelled_out, write_queries
+from spade_jax.trajectories.queries import QueryConfig, verify_queries, spelled_out, write_queries
 from spade_jax.trajectories.schemas import NotToolUse, ProgramRejected, read_tool_schemas
 from spade_jax.trajectories.synth import EnvReport, SynthConfig, load_programs, summary_table, synthesize
 
 __all__ = ["Call", "Chain", "ChainConfig", "Edge", "EndState", "EnvReport", "Example", "NotToolUse", "ProgramRejected",
-           "QueryConfig", "SynthConfig", "ToolGraph", "ToolProbe", "calibrate", "load_programs", "probe_graph", "reaches_end_state",
+           "QueryConfig", "SynthConfig", "ToolGraph", "ToolProbe", "verify_queries", "load_programs", "probe_graph", "reaches_end_state",
            "read_tool_schemas", "rl_task", "sample_chains", "score_transcript", "sft_record", "spelled_out",
            "summary_table", "synthesize", "write_queries"]

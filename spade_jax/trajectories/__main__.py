@@ -5,19 +5,17 @@
         --workdir=workdirs/tiny --num 16
 
 ``--envs`` is a directory of ``.py`` programs, a comma-separated list of files, or ``library``
-(the seed library's tool-use programs). The policy (query writer and calibrating agent) is
+(the seed library's tool-use programs). The policy (query writer and verifying agent) is
 the preset's (``--config``, default configs/tiny.py) with the newest checkpoint of
 ``--workdir`` (``--checkpoint`` a step, ``latest`` or ``none``); the tiny preset's bootstrap is
 cached under ``WORKDIR/bootstrap`` unless the config names a cache; ``--bootstrap_dir`` loads a
-finished bootstrap directory instead. The calibrating agent
+finished bootstrap directory instead. The verifying agent
 plays greedily with the preset's agent settings and at least ``--max_calls`` + 2 turns.
 A summary table per environment is printed at the end.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 import sys
 
@@ -25,6 +23,11 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
+    from spade_jax.cli import refuse_renamed
+
+    refuse_renamed(sys.argv)
 
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("envs", None, "Directory of programs, comma-separated files, or 'library'.", required=True)
@@ -60,39 +63,24 @@ def main(argv) -> None:
 
 
 def _run(programs, cfg) -> None:
-    import jax
-
-    from spade_jax.agent import play_episodes
-    from spade_jax.sampling.chat import complete_chats
+    from spade_jax import cli
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
-    from spade_jax.selfplay.checkpoint import restore_parameters
-    from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
     from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
-    from spade_jax.trajectories.queries import escape_chats
+    from spade_jax.trajectories.run import policy_players
     from spade_jax.trajectories.synth import summary_table, synthesize
 
-    config = FLAGS.config
-    config_lib.validate(config, jax.device_count())
+    config = cli.validated(FLAGS.config)
     workdir = os.path.abspath(FLAGS.workdir)
     if FLAGS.bootstrap_dir:
         from spade_jax.bootstrap import load_bootstrap
 
         policy, step = load_bootstrap(FLAGS.bootstrap_dir), f"bootstrap {FLAGS.bootstrap_dir}"
     else:
-        policy = build_policy(config, workdir, mesh_from_config(config))
-        step = restore_parameters(policy, config, workdir, FLAGS.checkpoint)
+        policy, step = cli.policy_from(config, workdir, FLAGS.checkpoint)
         step = "initial" if step is None else f"checkpoint {step}"
-    agent = config_lib.agent_config(config)
-    agent = dataclasses.replace(agent, temperature=0.0, max_turns=max(agent.max_turns, cfg.chain.max_calls + 2))
-
-    def complete(chats):
-        return [c.text for c in complete_chats(policy, escape_chats(policy.tokenizer, chats),
-                                               max_new_tokens=cfg.query.max_new_tokens,
-                                               temperature=cfg.query.temperature, seed=cfg.seed)]
-
     with SandboxPool(config_lib.sandbox_config(config)) as pool:
-        play = functools.partial(play_episodes, policy, pool, cfg=agent, seed=cfg.seed)
+        complete, play = policy_players(policy, pool, config_lib.agent_config(config), cfg)
         examples, reports = synthesize(pool, programs, complete, play, cfg, progress=config.log.progress)
     written = write_jsonl(FLAGS.out, (sft_record(e) for e in examples))
     print(f"\npolicy {step}; {written} SFT records in {FLAGS.out}", end="")

@@ -15,7 +15,7 @@ words, no steps, no tool names, no call syntax.
 `ungrounded` rejects a query that lacks a value the user must supply (an argument value of a
 call that no earlier result of the chain holds): no agent could reach the chain from it.
 
-Calibration (`calibrate`): the agent is shown only the query and the tool list (as
+Verification (`verify_queries`): the agent is shown only the query and the tool list (as
 `EpisodeRequest.observation`, the environment reset with the chain's seed) and plays; it
 passes when its tool results reach the chain's end state (`chains.reaches_end_state`),
 ``verified_by="agent"``. When it does not, the reference chain is replayed in a fresh
@@ -111,7 +111,7 @@ def spelled_out(query: str, chain: Chain, tool_names: Sequence[str]) -> str | No
 def ungrounded(query: str, chain: Chain) -> str | None:
     """Why ``query`` cannot lead to the chain, or None: every argument value the user must supply
     (one found in no earlier result of the chain) has to appear in the query, since the
-    calibrating agent sees only the query and the tool list."""
+    verifying agent sees only the query and the tool list."""
     lowered = query.lower()
     seen = ""
     for call, result in zip(chain.calls, chain.results):
@@ -132,7 +132,7 @@ def write_queries(chains: Sequence[Chain], complete: Callable[[list[list[dict]]]
 
 
 def agent_observation(query: str, schemas: list[dict]) -> str:
-    """What the calibrating agent is shown: the query and the tool list."""
+    """What the verifying agent is shown: the query and the tool list."""
     return f"{query}\n\n{render_tool_list(schemas)}"
 
 
@@ -150,7 +150,7 @@ def transcript_results(messages: Sequence[dict]) -> list[str]:
     return [program_text(r) for r in results]
 
 
-def calibrate(chains: Sequence[Chain], queries: Sequence[str], schemas: list[dict], source: str,
+def verify_queries(chains: Sequence[Chain], queries: Sequence[str], schemas: list[dict], source: str,
               probe: ToolProbe, play: Callable[[list[EpisodeRequest]], list], *, env_key: int = 0,
               env_kwargs: dict | None = None) -> list[str | None]:
     """``verified_by`` per chain: "agent", "reference", or None (dropped); see the module docstring.

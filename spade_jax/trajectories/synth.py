@@ -1,8 +1,8 @@
-"""The synthesis pipeline over a set of tool-use programs: graph, chains, queries, calibration.
+"""The synthesis pipeline over a set of tool-use programs: graph, chains, queries, verification.
 
 Per environment: the tool graph (`graph.probe_graph`), ``chains_per_env`` walks
 (`chains.sample_chains`), one query per chain (`queries.write_queries`), the spell-out and grounding checks,
-then calibration of the rest (`queries.calibrate`). `EnvReport` counts each stage.
+then verification of the rest (`queries.verify_queries`). `EnvReport` counts each stage.
 
 Synthesis is total: whatever a program does, its failure is that program's `EnvReport.error`
 (a `schemas.ProgramRejected` reason, or ``internal error: <type>: <message>`` for any other
@@ -23,7 +23,7 @@ from spade_jax.sandbox.text import display_line
 from spade_jax.trajectories.export import Example, record_chars
 from spade_jax.trajectories.graph import ToolGraph, ToolProbe, probe_graph
 from spade_jax.trajectories.limits import MAX_RECORD_CHARS, MAX_RESULT_CHARS, MAX_SOURCE_CHARS
-from spade_jax.trajectories.queries import QueryConfig, calibrate, spelled_out, ungrounded, write_queries
+from spade_jax.trajectories.queries import QueryConfig, verify_queries, spelled_out, ungrounded, write_queries
 from spade_jax.trajectories.schemas import ProgramRejected, read_tool_schemas
 
 _REASON_CHARS = 300  # the longest reason the summary table shows
@@ -133,7 +133,7 @@ def synthesize(pool, programs: Sequence[tuple[str, str]], complete: Callable[[li
     """Kept examples of every program, and one report per program (module docstring).
 
     ``complete(chats) -> texts`` writes queries; ``play(requests) -> trajectories`` plays the
-    calibrating agent. A program that fails, at any stage, is reported with the reason (module docstring).
+    verifying agent. A program that fails, at any stage, is reported with the reason (module docstring).
     """
     examples, reports = [], []
     with progress_bar(len(programs), "trajectories", unit="envs", enabled=progress) as bar:
@@ -172,7 +172,7 @@ def _one_env(pool, key, name, source, complete, play, cfg: SynthConfig, report: 
     report.spelled_out = report.queries - len(clean)
     passed = [(c, q) for c, q in clean if ungrounded(q, c) is None]
     report.ungrounded = len(clean) - len(passed)
-    verdicts = calibrate([c for c, _ in passed], [q for _, q in passed], schemas, source, probe, play, env_key=key)
+    verdicts = verify_queries([c for c, _ in passed], [q for _, q in passed], schemas, source, probe, play, env_key=key)
     kept = [Example(name, source, schemas, c, q, v) for (c, q), v in zip(passed, verdicts) if v is not None]
     bounded = [e for e in kept if record_chars(e) <= MAX_RECORD_CHARS]
     report.oversized = len(kept) - len(bounded)

@@ -66,7 +66,7 @@ from typing import Any
 
 from spade_jax.evals import bounded
 from spade_jax.evals.registry import register
-from spade_jax.selfplay.runlog import jsonable
+from spade_jax.jsonable import jsonable
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
 
 NORMAL_CATEGORIES = (

@@ -6,7 +6,7 @@ learning study scores held-out environment families and how a user scores any se
 environments they write: each program goes through the
 sandbox's admission stages (parse, load, contract, determinism, not trivial, feasibility;
 no archive, so novelty passes) under the run's admission config and sandbox
-(``EvalConfig.admission``) with the evaluation's turn bound (``eval.max_turns``); each admitted program is played ``eval.episodes_per_env``
+(``EvalConfig.admission``) with the evaluation's turn bound (``eval.default_turns``); each admitted program is played ``eval.plays_per_program``
 times from seeds fixed by ``eval.seed``, as a plain multi-turn episode of the agent's own
 engine. Score 1 for a won episode; the summary also gives the mean episode reward, per
 program (group) and overall. Rejected programs are listed in the summary's notes. Given
@@ -31,7 +31,7 @@ class EnvironmentSuite:
     name: str
     paths: list[Path]
     settings: GenerationSettings
-    episodes_per_env: int
+    plays_per_program: int
     max_turns: int
     admission: AdmissionConfig
     notes: list = dataclasses.field(default_factory=list)
@@ -47,7 +47,7 @@ class EnvironmentSuite:
         for index, (path, source, report) in enumerate(zip(paths, sources, reports)):
             if not report.admitted:
                 continue
-            seeds = np.random.default_rng([seed, index]).choice(EPISODE_SEED_SPACE, self.episodes_per_env,
+            seeds = np.random.default_rng([seed, index]).choice(EPISODE_SEED_SPACE, self.plays_per_program,
                                                                 replace=False)
             items += [Item(f"{path.stem}/seed{int(s)}", group=path.stem, program=source, seed=int(s),
                            max_turns=self.max_turns) for s in seeds]
@@ -76,5 +76,5 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> Environmen
             raise SuiteUnavailable(f"{', '.join(missing)}: not a directory of environment programs nor a program file")
         paths = given
         name = "envs-" + "+".join(p.stem for p in paths) if len(paths) <= 3 else f"envs-{len(paths)}-programs"
-    return EnvironmentSuite(name, paths, settings, eval_config.episodes_per_env, eval_config.max_turns,
+    return EnvironmentSuite(name, paths, settings, eval_config.plays_per_program, eval_config.default_turns,
                             eval_config.admission or AdmissionConfig())

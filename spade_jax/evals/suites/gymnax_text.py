@@ -179,13 +179,13 @@ class HostGamePool(InProcessPool):
 class GymnaxSuite:
     games: tuple[str, ...]
     settings: GenerationSettings
-    episodes_per_env: int
+    plays_per_program: int
     name: str = "gymnax"
 
     def items(self, limit, seed):
         items = [Item(f"{game}/seed{seed + j}", group=game, program=game, seed=seed + j,
                       max_turns=GAMES[game].max_turns)
-                 for game in self.games for j in range(self.episodes_per_env)]
+                 for game in self.games for j in range(self.plays_per_program)]
         return [items[i] for i in spread([item.group for item in items], limit, seed, "gymnax")]
 
     def episode_pool(self, context: Context):
@@ -204,4 +204,4 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> GymnaxSuit
     unknown = [name for name in games if name not in GAMES]
     if unknown:
         raise SuiteUnavailable(f"unknown gymnax game(s) {unknown}; choose from {list(GAMES)}")
-    return GymnaxSuite(games, settings, eval_config.episodes_per_env)
+    return GymnaxSuite(games, settings, eval_config.plays_per_program)

@@ -4,7 +4,7 @@ TextArena (LeonGuertler/TextArena, MIT; ``textarena==0.7.4``) writes each game's
 board as text and reads moves written in square brackets (``[4]``, ``[A C]``, ``[col 3]``).
 ENV_IDS is a choice of the games below (TextArena's own ids) separated by ``,``; without it,
 all of them. Each item is one
-episode of a game from seed ``seed + j`` (``episodes_per_env`` of them), played through the
+episode of a game from seed ``seed + j`` (``plays_per_program`` of them), played through the
 agent's own multi-turn engine; TextArena's games are Python objects stepping in this process
 (`ArenaPool`), not model-written programs, so they need no sandbox. The games here need
 nothing downloaded (TextArena's word games need NLTK corpora).
@@ -278,7 +278,7 @@ class ArenaPool(InProcessPool):
 class TextArenaSuite:
     games: tuple[str, ...]
     settings: GenerationSettings
-    episodes_per_env: int
+    plays_per_program: int
     name: str = "textarena"
 
     @staticmethod
@@ -289,7 +289,7 @@ class TextArenaSuite:
     def items(self, limit, seed):
         items = [Item(f"{program}/seed{seed + j}", group=program, program=program, seed=seed + j,
                       max_turns=GAMES[program.partition("/")[0]].max_turns)
-                 for program in programs(self.games) for j in range(self.episodes_per_env)]
+                 for program in programs(self.games) for j in range(self.plays_per_program)]
         return [items[i] for i in spread([item.group for item in items], limit, seed, self.name)]
 
     def episode_pool(self, context: Context) -> ArenaPool:
@@ -315,4 +315,4 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> TextArenaS
         import textarena  # noqa: F401
     except ImportError as err:
         raise SuiteUnavailable(f"textarena cannot be imported ({err}): {INSTALL}") from None
-    return TextArenaSuite(games, settings, eval_config.episodes_per_env)
+    return TextArenaSuite(games, settings, eval_config.plays_per_program)

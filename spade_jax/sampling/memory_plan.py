@@ -1,7 +1,7 @@
 """Per-device memory of a training setup, counted before any device is touched.
 
-    python -m spade_jax.models.memory_plan --config=configs/qwen3_30b_a3b.py --devices=32 --chip=v5p
-    python -m spade_jax.models.memory_plan --config=configs/qwen3_30b_a3b.py \
+    python -m spade_jax.sampling.memory_plan --config=configs/qwen3_30b_a3b.py --devices=32 --chip=v5p
+    python -m spade_jax.sampling.memory_plan --config=configs/qwen3_30b_a3b.py \
         --config.mesh.shape=2,32,1 --devices=64 --chip=v4
 
 `memory_plan` reads every parameter's shape and logical axes from the real model

@@ -1,6 +1,6 @@
 """Admit one environment program from the command line.
 
-    python -m spade_jax.sandbox.admit FILE [--json] [--seeds N] [--max-turns N]
+    python -m spade_jax.sandbox.admit_cli FILE [--json] [--seeds N] [--max-turns N]
                                            [--archive FILE ...] [--isolation auto|namespaces|rlimits]
 
 FILE is a program or a model reply containing one (a fenced python block). Prints the stage
@@ -58,7 +58,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m spade_jax.sandbox.admit",
+    parser = _Parser(prog="python -m spade_jax.sandbox.admit_cli",
                      description="Run the staged sandbox admission on one environment program.")
     parser.add_argument("file", help="program source, or model text with a fenced python block")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")

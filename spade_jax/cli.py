@@ -1,0 +1,49 @@
+"""What every command line does before its work (the main job, `spade_jax.evals`,
+`spade_jax.trajectories`): the parsed config validated, with a bad field stopping the
+command as one message and exit code 2, then the policy on its mesh, optionally with the
+parameters of a run's checkpoint. It sits above the packages: they never import it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE_ERROR = 2  # absl's and argparse's exit code for a bad command line
+
+
+def refuse_renamed(argv: list[str]) -> None:
+    """Stops (status 2) when a `--config.<field>` override names a field that was renamed
+    (`selfplay.config.RENAMED`), naming the new field; the flag parser would only say "unknown"."""
+    from spade_jax.selfplay.config import RENAMED
+
+    for arg in argv[1:]:
+        field = arg.removeprefix("--config.").partition("=")[0]
+        if arg.startswith("--config.") and field in RENAMED:
+            print(f"error: config.{field} was renamed to config.{RENAMED[field]}", file=sys.stderr)
+            raise SystemExit(USAGE_ERROR)
+
+
+def validated(config):
+    """`config` after `selfplay.config.validate` on this process's devices; a bad field exits with
+    "error: config.<field>: ..." on stderr and status 2."""
+    import jax
+
+    from spade_jax.selfplay.config import validate
+
+    try:
+        validate(config, jax.device_count())
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+    return config
+
+
+def policy_from(config, workdir: str, checkpoint: str = "none"):
+    """`(policy, step)`: the preset's policy on the config's mesh (a bootstrap is cached under
+    `workdir` unless the config names a cache) with the parameters of checkpoint `checkpoint` of
+    `workdir` ("latest", a step, or "none": `step` is None and the initial weights stay)."""
+    from spade_jax.selfplay.checkpoint import restore_parameters
+    from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
+
+    policy = build_policy(config, workdir, mesh_from_config(config))
+    return policy, restore_parameters(policy, config, workdir, checkpoint)

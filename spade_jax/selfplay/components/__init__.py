@@ -1,0 +1,65 @@
+"""The side systems of a run, one registration line each (`REGISTRY`), built from the config.
+
+A side system is a file in this package with a `build(context) -> component | None` (None when
+its config switches it off) returning one of the interfaces of `base.py`, named by its `kind`
+("admission", "agent" or "job"). Adding one is that
+file, its config section and one line below; the loop is not touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from spade_jax.selfplay.components import calibration, evaluation, procedures, synthesis
+from spade_jax.selfplay.components.base import PHASES, AdmissionStage, AgentComponent, Context, PeriodicJob
+
+REGISTRY = (
+    calibration.build,  # admission stage: difficulty calibration against the current agent
+    procedures.build,  # agent component: procedure memory's preplay guidance
+    synthesis.build,  # periodic job: tool-use trajectory synthesis
+    evaluation.build,  # periodic job: held-out evaluation
+)
+
+
+@dataclasses.dataclass
+class Components:
+    """The built side systems by interface, in registration order."""
+
+    admission: list[AdmissionStage]
+    agent: list[AgentComponent]
+    jobs: list[PeriodicJob]
+
+    def stateful(self) -> list[Any]:
+        return [c for c in self.admission + self.agent + self.jobs if hasattr(c, "state_key")]
+
+    def named(self, name: str):
+        """The built side system called `name` (KeyError when it is not switched on)."""
+        for c in self.admission + self.agent + self.jobs:
+            if c.name == name:
+                return c
+        raise KeyError(f"no side system {name!r} in this run")
+
+    def guidance(self, env) -> str | None:
+        """The first agent component's preplay text for `env` (None: no guidance)."""
+        return next((g for g in (c.guidance(env) for c in self.agent) if g is not None), None)
+
+
+def build(context: Context, registry=REGISTRY) -> Components:
+    """Every registered side system its config switches on; held-out guidance wired to the agent's."""
+    built = [c for c in (b(context) for b in registry) if c is not None]
+    unknown = [c for c in built if c.kind not in ("admission", "agent", "job")]
+    if unknown:
+        raise TypeError(f"side systems of unknown kind: {unknown} (kind: 'admission', 'agent' or 'job')")
+    components = Components(admission=[c for c in built if c.kind == "admission"],
+                            agent=[c for c in built if c.kind == "agent"],
+                            jobs=[c for c in built if c.kind == "job"])
+    if components.agent:
+        def heldout_guidance(program: str) -> str | None:
+            return next((g for g in (c.heldout_guidance(program) for c in components.agent) if g is not None), None)
+
+        context.heldout_guidance = heldout_guidance
+    return components
+
+
+__all__ = ["PHASES", "REGISTRY", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob", "build"]

@@ -1,0 +1,79 @@
+"""What a side system is to the loop: one of three small interfaces, and the context it gets.
+
+- an **admission stage** runs after the sandbox's admission stages on every design batch; it
+  may reject admitted designs (their report's stage becomes the stage's `name`) and returns
+  its metrics;
+- an **agent component** gives text shown before an episode (`guidance`), the same for a
+  held-out program (`heldout_guidance`), and sees every scored iteration's episodes
+  (`observe`);
+- a **periodic job** runs every `every` iterations on the policy after that many updates
+  (`run(step)`, `step` the number of updates) and returns its metrics; `name` is its timing
+  key; `at_budget_end` also runs it after the iteration that spends the agent-token budget.
+
+A component with `state_key` is checkpointed: `to_state()` is saved under that key of the
+checkpoint's metadata and `load_state(state)` puts it back (`None` for a checkpoint made
+without it). Components never see the loop; they get a `Context` when they are built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+import ml_collections
+
+from spade_jax.seeds import derive_seed
+
+# Every random choice of an iteration is drawn from `derive_seed(seed, iteration, PHASES[phase])`.
+PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "admission": 6, "calibration": 7,
+          "trajectories": 8}
+
+
+@dataclasses.dataclass
+class Context:
+    """The run's pieces a side system may use. `memory_records` reads the live memory (a resume
+    replaces it); `heldout_guidance` is the agent components' text for a held-out program."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    policy: Any
+    pool: Any
+    agent_cfg: Any
+    main: bool
+    memory_records: Callable[[], Sequence[Any]]
+    heldout_guidance: Callable[[str], str | None] | None = None
+
+    @property
+    def progress(self) -> bool:
+        """Whether to draw progress bars (the main process of a run that asks for them)."""
+        return bool(self.config.log.progress) and self.main
+
+    def seed(self, iteration: int, phase: str) -> int:
+        return derive_seed(self.config.seed, iteration, PHASES[phase])
+
+
+class AdmissionStage(Protocol):
+    kind: str  # "admission"
+    name: str
+
+    def __call__(self, designs: Sequence[Any], iteration: int) -> dict[str, float]: ...
+
+
+class AgentComponent(Protocol):
+    kind: str  # "agent"
+    name: str
+
+    def guidance(self, env: Any) -> str | None: ...
+
+    def heldout_guidance(self, program: str) -> str | None: ...
+
+    def observe(self, envs: Sequence[Any], episodes: Sequence[Any]) -> dict[str, float]: ...
+
+
+class PeriodicJob(Protocol):
+    kind: str  # "job"
+    name: str
+    every: int
+    at_budget_end: bool
+
+    def run(self, step: int) -> dict[str, float]: ...
