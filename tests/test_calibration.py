@@ -301,3 +301,8 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
     assert entries[1].reason.startswith("no verified level in band")
     page = (tmp_path / "gallery" / "envs" / "env-it0000-slot00.html").read_text()
     assert "level played</dt><dd>medium" in page and "<b>medium</b>" in page
+
+
+def test_a_program_whose_levels_cannot_be_read_is_rejected_unplayed():
+    (result,) = calibrate(None, None, ["X = " + "+".join(["1"] * 40000)], AGENT, CalibrationConfig(), seed=0)
+    assert not result.admitted and result.episodes == 0 and "cannot read its difficulty levels" in result.reason

@@ -29,7 +29,7 @@ import numpy as np
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.sandbox import EpisodeSpec
-from spade_jax.sandbox.policy import difficulty_levels
+from spade_jax.sandbox.policy import PolicyError, difficulty_levels
 from spade_jax.seeds import derive_seed
 
 STAGE = "calibration"
@@ -126,20 +126,30 @@ def calibrate(policy, pool, programs: Sequence[str], agent_cfg: AgentConfig, cfg
         return []
     started = time.perf_counter()
     seeds = [derive_seed(seed, j) % EPISODE_SEED_SPACE for j in range(cfg.seeds_per_level)]
-    cells = [(p, level) for p, code in enumerate(programs) for level in candidate_levels(code)]
+    levels_of, unreadable = {}, {}
+    for p, code in enumerate(programs):
+        try:
+            levels_of[p] = candidate_levels(code)
+        except PolicyError as err:  # a program past admission that does not parse is not played
+            unreadable[p] = f"cannot read its difficulty levels: {err}"
+    cells = [(p, level) for p, levels in levels_of.items() for level in levels]
     requests = [EpisodeRequest(c, programs[p], s, env_kwargs=_kwargs(level))
                 for c, (p, level) in enumerate(cells) for s in seeds]
-    greedy = dataclasses.replace(agent_cfg, temperature=0.0)
-    trajectories = play_episodes(policy, pool, requests, greedy, seed=seed, sample=sample, progress=progress)
-    agent_won = np.zeros(len(cells))
-    for t in trajectories:
-        agent_won[t.request.env_key] += t.won
-    solved = replay_solutions(pool, [EpisodeSpec(r.program, seed=r.seed, max_turns=agent_cfg.max_turns,
-                                                 env_kwargs=dict(r.env_kwargs)) for r in requests])
+    agent_won, solved = np.zeros(len(cells)), []
+    if requests:
+        greedy = dataclasses.replace(agent_cfg, temperature=0.0)
+        for t in play_episodes(policy, pool, requests, greedy, seed=seed, sample=sample, progress=progress):
+            agent_won[t.request.env_key] += t.won
+        solved = replay_solutions(pool, [EpisodeSpec(r.program, seed=r.seed, max_turns=agent_cfg.max_turns,
+                                                     env_kwargs=dict(r.env_kwargs)) for r in requests])
     solution_won = np.asarray(solved, float).reshape(len(cells), len(seeds)).sum(axis=1)
     seconds = (time.perf_counter() - started) / len(programs)
     results = []
     for p in range(len(programs)):
+        if p in unreadable:
+            results.append(CalibrationResult(levels=(), agent_rates=(), solution_rates=(), level=None,
+                                             admitted=False, reason=unreadable[p], episodes=0, seconds=seconds))
+            continue
         mine = [c for c, (owner, _) in enumerate(cells) if owner == p]
         levels = tuple(cells[c][1] for c in mine)
         agent = tuple(float(agent_won[c] / len(seeds)) for c in mine)

@@ -42,7 +42,11 @@ class Components:
 
     def guidance(self, env) -> str | None:
         """The first agent component's preplay text for `env` (None: no guidance)."""
-        return next((g for g in (c.guidance(env) for c in self.agent) if g is not None), None)
+        return _first(c.guidance(env) for c in self.agent)
+
+    def heldout_guidance(self, program: str) -> str | None:
+        """The first agent component's preplay text for a held-out program."""
+        return _first(c.heldout_guidance(program) for c in self.agent)
 
 
 def build(context: Context, registry=REGISTRY) -> Components:
@@ -55,11 +59,12 @@ def build(context: Context, registry=REGISTRY) -> Components:
                             agent=[c for c in built if c.kind == "agent"],
                             jobs=[c for c in built if c.kind == "job"])
     if components.agent:
-        def heldout_guidance(program: str) -> str | None:
-            return next((g for g in (c.heldout_guidance(program) for c in components.agent) if g is not None), None)
-
-        context.heldout_guidance = heldout_guidance
+        context.heldout_guidance = components.heldout_guidance
     return components
+
+
+def _first(texts) -> str | None:
+    return next((t for t in texts if t is not None), None)
 
 
 __all__ = ["PHASES", "REGISTRY", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob", "build"]

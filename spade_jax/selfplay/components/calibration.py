@@ -9,7 +9,6 @@ from typing import Sequence
 import numpy as np
 
 from spade_jax.designer.calibration import STAGE, calibrate
-from spade_jax.sandbox.policy import PolicyError, difficulty_levels
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay.components.base import Context
 from spade_jax.selfplay.console import phase_bar
@@ -28,9 +27,6 @@ class CalibrationStage:
 
     def __call__(self, designs: Sequence, iteration: int) -> dict[str, float]:
         ctx = self.context
-        for d in designs:  # admission parsed it; a program whose levels cannot be read is not played
-            if d.admitted and (problem := _unreadable(d.report.code)):
-                d.report.admitted, d.report.stage, d.report.reason = False, STAGE, problem
         admitted = [d for d in designs if d.admitted]
         with phase_bar("calibration", 1, enabled=ctx.progress) as bar:
             results = calibrate(ctx.policy, ctx.pool, [d.report.code for d in admitted], ctx.agent_cfg, self.cfg,
@@ -47,15 +43,6 @@ class CalibrationStage:
             "calibration/solve_verify_gap_mean": float(np.mean(gaps)) if gaps else math.nan,
             "calibration/agent_solve_rate_mean": float(np.mean(rates)) if rates else math.nan,
         }
-
-
-def _unreadable(code: str) -> str | None:
-    """Why the declared levels of `code` cannot be read (None: they can)."""
-    try:
-        difficulty_levels(code)
-    except PolicyError as err:
-        return f"cannot read its difficulty levels: {err}"
-    return None
 
 
 def build(context: Context) -> CalibrationStage | None:
