@@ -8,6 +8,10 @@ from spade_jax.agent import matched_requests
 from spade_jax.agent.hints import clean_hint
 
 
+def _first_observation(trajectory) -> str:
+    return next(m["content"] for m in trajectory.messages if m["role"] == "user")
+
+
 def test_each_hint_mode_gives_matched_plain_and_hinted_requests():
     plain_only = matched_requests(3, "code", [7, 8], "none", hint="ignored")
     assert [(r.env_key, r.seed, r.hinted) for r in plain_only] == [(3, 7, False), (3, 8, False)]
@@ -36,10 +40,11 @@ def test_placebo_hints_have_the_length_of_the_hint_they_replace_and_no_content(m
     from spade_jax.agent import hints
 
     written = ["Add the two numbers shown, then answer as \\boxed{sum}.", "Go left twice.", None]
+    by_code = dict(zip(["code a", "code b", "code c"], written))
 
     def fake_complete(policy, chats, **kwargs):
-        assert "source code of an environment" in chats[0][1]["content"]  # the same call as mode self
-        return [types.SimpleNamespace(text=t or "") for t in written]
+        assert chats[0][1]["content"].startswith("Environment code:\n```python\n")  # the same call as mode self
+        return [types.SimpleNamespace(text=by_code[chat[1]["content"].split("\n")[2]] or "") for chat in chats]
 
     monkeypatch.setattr(hints, "complete_chats", fake_complete)
     policy = types.SimpleNamespace(tokenizer=small_tokenizer)
@@ -73,10 +78,11 @@ def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_i
         (start,) = pool.start([EpisodeSpec(program=program, seed=5)])
         (solution,) = pool.solution([start.episode_id])
     hint = solution_hint(solution)
-    informed_hint = informed.messages[1]["content"].split(HINT_SEPARATOR)[1]
-    placebo_hint = placebo.messages[1]["content"].split(HINT_SEPARATOR)[1]
-    assert hint in informed.messages[1]["content"] and len(placebo_hint) == len(informed_hint)
-    assert placebo_hint.startswith("Read the task again") and hint not in placebo.messages[1]["content"]
+    informed_first, placebo_first = (_first_observation(t) for t in (informed, placebo))
+    informed_hint = informed_first.split(HINT_SEPARATOR)[1]
+    placebo_hint = placebo_first.split(HINT_SEPARATOR)[1]
+    assert hint in informed_first and len(placebo_hint) == len(informed_hint)
+    assert placebo_hint.startswith("Read the task again") and hint not in placebo_first
 
 
 def test_a_resampled_hinted_play_reads_exactly_what_its_plain_twin_reads(small_tokenizer, canned_sampler):
@@ -91,7 +97,7 @@ def test_a_resampled_hinted_play_reads_exactly_what_its_plain_twin_reads(small_t
                                       AgentConfig(max_turns=1, context_budget=4096),
                                       sample=canned_sampler(small_tokenizer.encode("\\boxed{1}")))
     assert (plain.hinted, hinted.hinted) == (False, True)
-    assert hinted.messages[:2] == plain.messages[:2] and HINT_SEPARATOR not in hinted.messages[1]["content"]
+    assert hinted.messages[:2] == plain.messages[:2] and HINT_SEPARATOR not in _first_observation(hinted)
 
 
 def test_a_solution_hint_is_the_whole_plan_numbered_one_action_per_turn():

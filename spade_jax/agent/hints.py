@@ -1,23 +1,33 @@
 """Privileged hints: how regret is measured.
 
 Modes:
-  self      the policy reads the environment's source and writes a 1-3 sentence hint
-            (strategy and answer format, never the exact answer); one batched sampler
-            call for all environments. The reference behaviour.
-  solution  each hinted episode is told the whole plan of the environment's own
-            `solution()` for its seed, one numbered action per turn (see
-            `rollout.solution_hint`). A deliberate deviation for tests and the tiny
-            preset, whose bootstrap model cannot write hints: the hint carries everything
-            the solution knows, so regret measures how much of it the agent can use.
-  placebo   the noise floor of regret: the hints of mode `placebo_of` (`self`: written
-            by the same sampler call; `solution`: taken from `solution()`) each replaced by
-            neutral advice of the same length (`rollout.placebo_hint`), so hinted plays differ
-            from plain ones only by a prompt of the same size that carries no information.
+  self      the reference's (/tmp/ref spade/core/hint_generator.py, SelfHintGenerator): the
+            policy reads the environment's source under `HINT_SYSTEM_PROMPT` (or the tool-use
+            prompt, `HintConfig.game_type`) and writes a hint of 1-3 sentences: strategy and
+            answer format, never the exact answer. One batched sampler call for all
+            environments, empty hints sampled again (`HintConfig.retries`).
+  strategy  a hand-written strategy hint for the seed family the program is nearest to
+            (`agent.strategy`); no hint below the match threshold. Offline and never the
+            answer of an instance (tests/test_hint_leaks.py): the tiny preset's mode, whose
+            bootstrap model cannot write hints.
+  solution  a diagnostic upper bound, NOT SPADE's regret: each hinted episode is told the
+            whole plan of the environment's own `solution()` for its seed, one numbered
+            action per turn (see `rollout.solution_hint`). The hint carries the answer, so
+            regret measures how much of the plan the agent can copy, and a designer is
+            rewarded for games that cannot be won without it.
+  placebo   the noise floor of regret: the hints of mode `placebo_of` (`self`: written by
+            the same sampler call; `strategy`: the same strategy hints; `solution`: taken
+            from `solution()`) each replaced by neutral advice of the same length
+            (`rollout.placebo_hint`), so hinted plays differ from plain ones only by a
+            prompt of the same size that carries no information.
   resample  the estimator's own noise floor: each hinted play is a second plain play on the
             same seed (no hint text, its own sampling randomness), so regret measures only
             the noise of comparing K plays with K plays. Unlike `placebo` it changes nothing
             the agent reads, which matters for a policy that a strange hint disturbs.
   none      no hints: hinted plays equal plain plays and regret is 0.
+
+An environment whose text hint is empty (modes `self`, `strategy` and their placebos) gets
+no hinted plays at all (`matched_requests`), so no hinted play ever runs without its hint.
 
 The environment source the policy reads in mode `self` is designer-written, so it enters
 the hint prompt through `conversation.prompt_text` (clean Unicode, the tokenizer's special
@@ -29,73 +39,189 @@ by `rollout.solution_hint`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Sequence
 
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.agent.rollout import EpisodeRequest, placebo_hint
+from spade_jax.agent.strategy import strategy_hint
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.sandbox.text import clean_text
 
-HINT_MODES = ("self", "solution", "placebo", "resample", "none")
+HINT_MODES = ("self", "strategy", "solution", "placebo", "resample", "none")
+TEXT_HINT_MODES = ("self", "strategy")  # the modes whose hint is a text written before play
+GAME_TYPES = ("cognitive", "tool_use", "auto")
 
-HINT_SYSTEM_PROMPT = "You write short hints for players of text environments."
-HINT_INSTRUCTIONS = (
-    "Below is the source code of an environment an agent will play. Write a hint of 1 to 3 sentences "
-    "for the agent: the strategy that works and the exact format its actions must have. Never state "
-    "the answer itself. Reply with the hint only.\n\n```python\n{code}\n```"
-)
+# The reference's two hint prompts (/tmp/ref spade/core/hint_generator.py:24-45 and 48-75),
+# rewritten: the same rules and examples in other words.
+HINT_SYSTEM_PROMPT = """You read the source code of a text game and write a hint that helps an LLM player solve it.
+
+SETTING: The player never sees the code, only the text observations, and it answers with \\boxed{answer}. Only you can read the code. Your hint is added to the player's first observation, and it is all the player will ever learn from the code.
+
+FIRST WORK OUT, by reading the code closely and tracing reset() and the checks in step():
+1. which puzzle the player is shown, described as the player sees it;
+2. how the correct answer follows from what is shown;
+3. which form the answer must take (an integer, one word, a list, ...).
+
+THEN WRITE a hint giving:
+- the idea or method that solves this particular puzzle;
+- the answer format (e.g. "reply with one integer", "reply with a comma-separated list").
+
+RULES:
+- 1 to 3 sentences, fewer than 100 words.
+- Speak only of what the player can see, never of variables or code.
+- Be specific to this game; no empty advice such as "think it through" or "be careful".
+- Never give the exact answer; explain the method that finds it instead.
+
+GOOD: "Every term is the sum of the two terms before it, so add the last two shown terms. Reply with one integer."
+BAD: "The answer is stored in self.solution by reset(); try to guess it."
+
+Reply with the hint text alone: no JSON, no markdown, no label."""
+
+TOOL_USE_HINT_SYSTEM_PROMPT = """You read the source code of a MULTI-TURN tool-use environment and write a PROCEDURAL hint for the LLM agent that will play it.
+
+SETTING: The agent works turn by turn and only ever sees text. It sees one user instruction at a time, calls tools as <tool_call>{"name": "...", "arguments": {...}}</tool_call>, reads every result, and replies <answer>done</answer> only once every instruction is carried out. It never sees the code. Your hint is added to its first observation.
+
+PURPOSE: Help the agent get unstuck without doing the task for it. Give the plan in outline, never the answer: finding the concrete values with the tools is exactly the skill under test. A hint that can be copied to win is worthless, and rewards designers for games that cannot be won without the leak.
+
+FIRST WORK OUT only the strategy: which KINDS of tools or operations matter, in which order the PHASES come (whose output feeds which call), and which tools are distractions or out of scope.
+
+THEN WRITE a hint that:
+- names the phases by the ROLE of their tools (e.g. "look the record up, then change it, then file it"), not as a filled-in list of calls;
+- tells the agent to go turn by turn and to reply <answer>done</answer> only when every step is finished;
+- tells it to FIND the concrete arguments with lookup or list tools and from each instruction, never to assume them;
+- says to ASK when an instruction leaves out a required argument, and to DECLINE a request no tool covers.
+
+HARD RULES (a leaked answer is the most common failure):
+- NO concrete values taken from the code or its hidden state: no IDs, names, file names, paths, amounts, dates or status words. Write placeholders such as <order_id> or <amount>, or "the order the user means".
+- NO complete call-by-call walkthrough with its arguments filled in.
+- If you are about to write a specific value (an ID like 'ORD104', an account, a file name like 'report.pdf'), write a placeholder instead.
+- Describe only tool behaviour the agent can observe, never code internals (variable names, exact conditions).
+- 2 to 3 sentences, fewer than 100 words, specific to THIS environment's tools and goal yet free of values.
+- Do NOT ask for one integer or word, or for an immediate final answer: this is a multi-turn task to carry out.
+
+GOOD: "Take the instructions one at a time. Find the order the user means with the order lookup tool, then change its status with the update tool; after that, create the target folder with the file tools and move the named file there. Take every exact argument from the tool results and the instructions, and reply <answer>done</answer> only after the last instruction."
+BAD (leaks): "call find_order(order_id='ORD104'), then update_order_status(order_id='ORD104', status='shipped'), then move_file(src='order_summary.txt', dst='/customer/orders/tracking'). Reply <answer>done</answer>." - the agent wins by copying, without doing the task.
+
+Reply with the hint text alone: no JSON, no markdown, no label."""
+
+HINT_USER_TEMPLATE = "Environment code:\n```python\n{code}\n```"  # hint_generator.py:154 and 246
+_TOOL_USE_CLASS = re.compile(r"^class\s+\w+\s*\(\s*ToolUseEnv\s*\)", re.MULTILINE)
+_JSON_BLOCK = re.compile(r"```json\s*\n?(.*?)\n?```", re.DOTALL)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclasses.dataclass(frozen=True)
 class HintConfig:
-    """How hints are had (`mode`, and for mode `placebo` the mode whose hints it imitates,
-    `placebo_of`: see the module docstring) and, when written by the policy, sampled:
-    the source shown is cut to `max_code_chars`, the reply to `max_sentences` sentences."""
+    """How hints are had and, in mode `self`, sampled (see the module docstring for the modes).
+
+    `placebo_of`: the mode whose hints mode `placebo` imitates. `game_type` picks the prompt
+    as the reference's run-level `game_type` does (types.py:208, hint_generator.py:78-82):
+    "cognitive" the game prompt, "tool_use" the tool-use prompt; "auto" (a deviation, off
+    by default) picks per program, the tool-use prompt for a `ToolUseEnv` subclass.
+    Sampling follows the reference (types.py:154, hint_generator.py:183-196): temperature
+    0.3, the whole program shown (`max_code_chars` 0; > 0 cuts it), up to `max_new_tokens`,
+    and a hint that comes back empty is sampled again `retries` times (3 attempts in all);
+    the reply is kept whole (`max_sentences` 0). Earlier defaults, still reachable:
+    temperature 0.7, max_new_tokens 96, max_code_chars 6000, max_sentences 3 (the first
+    three sentences on one line, a "HINT:" label dropped), retries 0.
+    """
 
     mode: str = "self"
     placebo_of: str = "self"
-    max_new_tokens: int = 96
-    temperature: float = 0.7
+    game_type: str = "cognitive"
+    max_new_tokens: int = 4096
+    temperature: float = 0.3
     top_p: float = 1.0
     top_k: int = 0
-    max_code_chars: int = 6000
-    max_sentences: int = 3
+    max_code_chars: int = 0
+    max_sentences: int = 0
+    retries: int = 2
 
     def __post_init__(self):
         if self.mode not in HINT_MODES:
             raise ValueError(f"hint mode {self.mode!r} is unknown; choose one of {HINT_MODES}")
-        if self.placebo_of not in ("self", "solution"):
-            raise ValueError(f"hints.placebo_of must be 'self' or 'solution', got {self.placebo_of!r}")
+        if self.placebo_of not in (*TEXT_HINT_MODES, "solution"):
+            raise ValueError(f"hints.placebo_of must be one of {(*TEXT_HINT_MODES, 'solution')}, "
+                             f"got {self.placebo_of!r}")
+        if self.game_type not in GAME_TYPES:
+            raise ValueError(f"hints.game_type must be one of {GAME_TYPES}, got {self.game_type!r}")
+        if self.retries < 0 or self.max_sentences < 0 or self.max_code_chars < 0:
+            raise ValueError("hints.retries, max_sentences and max_code_chars must be >= 0")
+
+    @property
+    def text_mode(self) -> str | None:
+        """The mode whose hint text is shown: `mode` itself, or what a placebo imitates."""
+        mode = self.placebo_of if self.mode == "placebo" else self.mode
+        return mode if mode in TEXT_HINT_MODES else None
 
 
-def clean_hint(text: str, max_sentences: int = 3) -> str | None:
-    """The first `max_sentences` sentences of the reply on one line, or None if empty."""
-    text = " ".join(clean_text(text).replace("HINT:", " ").split())
-    if not text:
-        return None
-    return " ".join(_SENTENCE_END.split(text)[:max_sentences])
+def system_prompt(code: str, game_type: str = "cognitive") -> str:
+    """The hint prompt for ``code``: by ``game_type`` (see `HintConfig`)."""
+    tool_use = game_type == "tool_use" or (game_type == "auto" and _TOOL_USE_CLASS.search(code) is not None)
+    return TOOL_USE_HINT_SYSTEM_PROMPT if tool_use else HINT_SYSTEM_PROMPT
+
+
+def hint_chat(code: str, cfg: HintConfig, tokenizer) -> list[dict]:
+    """The two messages that ask for one program's hint (the program escaped by `prompt_text`)."""
+    shown = code[: cfg.max_code_chars] if cfg.max_code_chars else code
+    return [
+        {"role": "system", "content": system_prompt(code, cfg.game_type)},
+        {"role": "user", "content": HINT_USER_TEMPLATE.format(code=prompt_text(tokenizer, shown))},
+    ]
+
+
+def clean_hint(text: str, max_sentences: int = 0) -> str | None:
+    """The hint in a reply, or None if empty: cleaned and stripped, a fenced JSON object's
+    "hint" taken out of it (hint_generator.py:132-149); with ``max_sentences`` > 0 only the
+    first that many sentences, on one line, a "HINT:" label dropped."""
+    text = clean_text(text).strip()
+    block = _JSON_BLOCK.search(text)
+    if block:
+        try:
+            data = json.loads(block.group(1).strip())
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("hint"), str):
+            text = data["hint"].strip()
+    if max_sentences:
+        text = " ".join(text.replace("HINT:", " ").split())
+        text = " ".join(_SENTENCE_END.split(text)[:max_sentences])
+    return text or None
 
 
 def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int = 0) -> list[str | None]:
-    """One self-written hint per program (mode `self`), or its placebo of the same length (mode
-    `placebo` of `self`); None for other modes."""
-    if not (cfg.mode == "self" or (cfg.mode, cfg.placebo_of) == ("placebo", "self")) or not programs:
+    """One hint per program for the text modes (`HintConfig.text_mode`), its placebo of the same
+    length in mode `placebo`; None for the other modes and where no hint could be had.
+
+    Mode `self` samples all programs in one batched call, then again those whose hint came
+    back empty, up to `cfg.retries` more times (each with its own seed). Mode `strategy`
+    takes `strategy.strategy_hint` and needs no policy.
+    """
+    mode = cfg.text_mode
+    if mode == "strategy":
+        hints = [strategy_hint(code) for code in programs]
+    elif mode == "self":
+        hints = _sample_hints(policy, programs, cfg, seed)
+    else:
         return [None] * len(programs)
-    chats = [
-        [
-            {"role": "system", "content": HINT_SYSTEM_PROMPT},
-            {"role": "user", "content": HINT_INSTRUCTIONS.format(
-                code=prompt_text(policy.tokenizer, code[: cfg.max_code_chars]))},
-        ]
-        for code in programs
-    ]
-    completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                 top_p=cfg.top_p, top_k=cfg.top_k, seed=seed)
-    hints = [clean_hint(c.text, cfg.max_sentences) for c in completions]
     if cfg.mode == "placebo":
         return [placebo_hint(len(h)) if h else None for h in hints]
+    return hints
+
+
+def _sample_hints(policy, programs: Sequence[str], cfg: HintConfig, seed: int) -> list[str | None]:
+    hints: list[str | None] = [None] * len(programs)
+    for attempt in range(cfg.retries + 1):
+        todo = [i for i, h in enumerate(hints) if h is None]
+        if not todo:
+            break
+        chats = [hint_chat(programs[i], cfg, policy.tokenizer) for i in todo]
+        completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, top_k=cfg.top_k, seed=seed + attempt)
+        for i, completion in zip(todo, completions):
+            hints[i] = clean_hint(completion.text, cfg.max_sentences)
     return hints
 
 
@@ -104,19 +230,22 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     """The episodes that measure one environment's regret: one plain play per seed, then,
     unless ``mode`` is "none", one hinted play on each of the same seeds.
 
-    Modes "self" and "placebo" (of "self") show ``hint`` (`write_hints`); mode "solution" has
-    the rollout take the plan of the environment's `solution()` for the seed, and
-    "placebo" of "solution" a placebo of that hint's length; mode "resample" shows nothing.
+    Modes "self", "strategy" and "placebo" of either show ``hint`` (`write_hints`); when there
+    is none (an empty or failed self-written hint, no strategy family) no hinted play is
+    made, as the reference gives such an environment no hinted plays and regret 0
+    (orchestrator.py:1939-1944). Mode "solution" has the rollout take the plan of the
+    environment's `solution()` for the seed, and "placebo" of "solution" a placebo of that
+    hint's length; mode "resample" shows nothing.
     """
     if mode not in HINT_MODES:
         raise ValueError(f"hint mode {mode!r} is unknown; choose one of {HINT_MODES}")
     requests = [EpisodeRequest(env_key=env_key, program=program, seed=s) for s in seeds]
-    if mode != "none":
-        requests += [
-            EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True,
-                           hint=hint if mode in ("self", "placebo") else None,
-                           hint_from_solution=mode == "solution" or (mode, placebo_of) == ("placebo", "solution"),
-                           placebo=(mode, placebo_of) == ("placebo", "solution"))
-            for s in seeds
-        ]
-    return requests
+    from_solution = mode == "solution" or (mode, placebo_of) == ("placebo", "solution")
+    shows_text = mode in TEXT_HINT_MODES or (mode == "placebo" and not from_solution)
+    if mode == "none" or (shows_text and not hint):
+        return requests
+    return requests + [
+        EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True, hint=hint if shows_text else None,
+                       hint_from_solution=from_solution, placebo=(mode, placebo_of) == ("placebo", "solution"))
+        for s in seeds
+    ]
