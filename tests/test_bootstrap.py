@@ -36,13 +36,15 @@ def programs():
 @pytest.fixture(scope="module")
 def transcripts(programs):
     with SandboxPool(SandboxConfig(num_workers=2)) as pool:
-        return data.play_solutions(pool, [p.code for p in programs], [0, 1], [2, 3], max_turns=8)
+        return data.play_solutions(pool, [p.code for p in programs], [0, 1], [2, 3], max_turns=8,
+                                   hint_mode="solution")
 
 
 @pytest.fixture(scope="module")
 def slots():
-    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1)
+    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1, exemplar_cut_marked=True)
     memory = data.seeded_memory()
+    memory.positive_fallback = True  # the seeds are unmeasured: only the fallback shows them
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
     return data.designer_slots(12, memory, [corpus.document(i) for i in range(len(corpus))], prompt,
                                bootstrap.BootstrapConfig().envs, np.random.default_rng(0))
@@ -143,7 +145,9 @@ def test_designer_answers_are_not_variants_of_an_exemplar_the_prompt_shows():
     prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=3)
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
     envs = [env.name for env in library.SEED_ENVS]
-    slots = data.designer_slots(60, data.seeded_memory(), [corpus.document(i) for i in range(len(corpus))],
+    memory = data.seeded_memory()
+    memory.positive_fallback = True  # the seeds are unmeasured: only the fallback shows them
+    slots = data.designer_slots(60, memory, [corpus.document(i) for i in range(len(corpus))],
                                 prompt, envs, np.random.default_rng(0))
 
     def shown(name, slot):  # the exemplar block opens with the program's first line
@@ -231,7 +235,7 @@ def test_rows_mix_fresh_hint_drills_into_the_agent_transcripts_and_a_long_one_st
     agent = [seq(2, 6), seq(4, 30), seq(3, 6)]  # 30 tokens fit no row beside a designer example
     for share, expected in ((0.0, {2, 3}), (1.0, set(range(100, 10_000))), (0.5, None)):
         drills = (seq(100 + k, 6) for k in range(10_000))
-        cfg = bootstrap.BootstrapConfig(rows=2, row_length=32, hint_drill_share=share)
+        cfg = bootstrap.BootstrapConfig(rows=2, row_length=32, hint_drill_share=share, hint_mode="solution")
         batches = bootstrap._batches(designer, agent, drills, cfg, np.random.default_rng(0))
         seen = [int(tokens[segments == k][0]) for batch in (next(batches) for _ in range(50))
                 for tokens, segments in zip(batch.tokens_RT, batch.segment_ids_RT)

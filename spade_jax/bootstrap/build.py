@@ -43,6 +43,7 @@ import spade_jax.agent.conversation
 import spade_jax.designer.memory
 import spade_jax.designer.prompts
 import spade_jax.models.tokenizer
+from spade_jax.agent import strategy
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
 from spade_jax.designer.corpus import PACKAGED_CORPUS, Corpus, CorpusConfig
 from spade_jax.designer.prompts import PromptConfig, designer_answer, slot_messages
@@ -86,10 +87,15 @@ class BootstrapConfig:
     ``max_similarity``) and kept only when admitted against the seed sources with
     ``novelty_threshold``; solution plays of each on ``agent_seeds`` seeds plain and on as
     many other seeds hinted (a transcript per won play) with ``agent_max_turns`` (the
-    preset's agent max_turns). A share ``hint_drill_share`` of the agent transcripts in
+    preset's agent max_turns); a hinted transcript shows the hint of ``hint_mode``
+    (`data.HINT_MODES`): "strategy" (the default) the program's strategy hint, as self-play's
+    hint mode `strategy` shows it, never the instance's answer; "solution" the whole plan
+    (what the bootstrap showed before: it teaches copying a plan that SPADE's hints never
+    give). A share ``hint_drill_share`` of the agent transcripts in
     the rows can be hint drills (`data.hint_drill`: a hinted transcript relabelled at
     random, so only its plan predicts its actions), drawn fresh each time so that none
-    repeats and copying the plan is the only way to predict them. Off by default: at 600
+    repeats and copying the plan is the only way to predict them (a drill shows a plan, so
+    it needs ``hint_mode`` "solution"). Off by default: at 600
     steps, shares 0.5 and 0.75 taught the plan's form, not its content, and cut the sampled
     hinted win rate at iteration 0 (bench/RESULTS.md, 2026-12-02, hint drills).
     Model: Llama family, SentencePiece with ``vocab_size`` pieces of up to
@@ -112,6 +118,7 @@ class BootstrapConfig:
     novelty_threshold: float = 0.85
     agent_seeds: int = 2
     agent_max_turns: int = 8
+    hint_mode: str = "strategy"
     hint_drill_share: float = 0.0
     vocab_size: int = 8192
     max_piece_chars: int = 64
@@ -143,6 +150,10 @@ class BootstrapConfig:
         if self.micro_batch_rows < 0 or (self.micro_batch_rows and self.rows % self.micro_batch_rows):
             raise ValueError(f"BootstrapConfig.micro_batch_rows ({self.micro_batch_rows}) must divide rows "
                              f"({self.rows}); 0 = all rows at once")
+        if self.hint_mode not in data.HINT_MODES:
+            raise ValueError(f"BootstrapConfig.hint_mode must be one of {data.HINT_MODES}, got {self.hint_mode!r}")
+        if self.hint_drill_share and self.hint_mode != "solution":
+            raise ValueError("BootstrapConfig.hint_drill_share needs hint_mode 'solution' (a drill shows a plan)")
         missing = set(library.SKILLS) - {library.get(name).skill for name in self.envs}
         if missing:
             raise ValueError(f"BootstrapConfig.envs {list(self.envs)} has no seed program for skill(s) "
@@ -168,7 +179,7 @@ def cache_key(cfg: BootstrapConfig) -> str:
                  inspect.getsource(slot_messages)):
         h.update(b"\0" + text.encode())
     sources = sorted(Path(library.__file__).parent.glob("*.py"))
-    sources += [Path(module.__file__) for module in _RENDERING_MODULES + (data, variants)]
+    sources += [Path(module.__file__) for module in _RENDERING_MODULES + (data, variants, strategy)]
     sources += [Path(__file__), PACKAGED_CORPUS]
     for path in sources:
         h.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
@@ -241,7 +252,8 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
                 concurrent.futures.ThreadPoolExecutor(1) as background:
             clock = time.perf_counter()
             plays = data.play_solutions(pool, [p.code for p in programs], range(cfg.agent_seeds),
-                                        range(cfg.agent_seeds, 2 * cfg.agent_seeds), cfg.agent_max_turns)
+                                        range(cfg.agent_seeds, 2 * cfg.agent_seeds), cfg.agent_max_turns,
+                                        cfg.hint_mode)
             timings["transcripts_s"] = time.perf_counter() - clock
             # Admission runs in the background (the pool is only used there from now on) while
             # the tokenizer trains and the update compiles; nothing is trained on before it ends.

@@ -7,10 +7,13 @@ seed programs (`bootstrap.variants`), its knobs drawn from the difficulty's thir
 their ranges. Agent examples are solution transcripts: a conversation, token for token as
 `agent.conversation.Conversation` builds it, whose assistant turns are the environment's
 own `solution()` actions and whose observations come from really playing it in the
-sandbox; hinted transcripts carry the `solution` hint (the whole plan) in the first
-observation, as the rollout shows it, and are played on seeds disjoint from the plain
-ones, so the actions of a hinted transcript are learnable from its hint and not from a
-plain transcript of the same instance. Hint drills (`hint_drill`) relabel a hinted
+sandbox; hinted transcripts carry a hint in the first observation, as the rollout shows
+it, and are played on seeds disjoint from the plain ones: by default (`HINT_MODES`
+"strategy") the program's strategy hint (`agent.strategy`: how to approach the game and
+the answer's form, never the instance's answer), as self-play shows it in hint mode
+`strategy`; with "solution" the `solution` hint (the whole plan), so the actions of a
+hinted transcript are learnable from its hint and not from a plain transcript of the same
+instance. Hint drills (`hint_drill`) relabel a hinted
 transcript's values at random in its actions and its plan alike, so that only the plan
 predicts them: the examples that teach the policy to read a hint. Only the assistant's
 tokens (and its end-of-turn token) are trained.
@@ -30,6 +33,7 @@ import numpy as np
 
 from spade_jax.agent.conversation import Conversation
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
+from spade_jax.agent.strategy import strategy_hint
 from spade_jax.designer.corpus import Document
 from spade_jax.designer.memory import SEED_ID_PREFIX, EnvironmentMemory
 from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, designer_answer, designer_messages, slot_exemplars
@@ -132,6 +136,9 @@ def render_programs(keys: Sequence[tuple[str, str]], n: int, rng: random.Random,
     return programs
 
 
+HINT_MODES = ("strategy", "solution")  # what a hinted transcript is shown (module docstring)
+
+
 @dataclasses.dataclass(frozen=True)
 class Transcript:
     """A won play of a program following its solution: observations and actions alternate."""
@@ -144,14 +151,17 @@ class Transcript:
 
 
 def play_solutions(pool: SandboxPool, programs: Sequence[str], plain_seeds: Sequence[int],
-                   hinted_seeds: Sequence[int], max_turns: int) -> list[Transcript]:
+                   hinted_seeds: Sequence[int], max_turns: int, hint_mode: str = "strategy") -> list[Transcript]:
     """Plays every program by its own solution() in the sandbox on ``plain_seeds`` and
     ``hinted_seeds``; keeps the won plays.
 
     A won play on a plain seed yields a plain transcript; one on a hinted seed a hinted
-    transcript (the `solution` hint appended to the first observation exactly as the
-    rollout appends it). The two seed sets must be disjoint.
+    transcript: the hint of ``hint_mode`` (see `HINT_MODES`) appended to the first
+    observation exactly as the rollout appends it (no hint, so a plain transcript, for a
+    program with no strategy family). The two seed sets must be disjoint.
     """
+    if hint_mode not in HINT_MODES:
+        raise ValueError(f"hint_mode must be one of {HINT_MODES}, got {hint_mode!r}")
     hinted_set = set(hinted_seeds)
     if hinted_set.intersection(plain_seeds):
         raise ValueError(f"plain seeds {list(plain_seeds)} and hinted seeds {list(hinted_seeds)} overlap")
@@ -181,8 +191,14 @@ def play_solutions(pool: SandboxPool, programs: Sequence[str], plain_seeds: Sequ
                 observations[i].append(result.observation)
         turn += 1
     pool.close(ids)
-    return [Transcript(specs[i].program, specs[i].seed, tuple(observations[i]), tuple(actions[i]),
-                       solution_hint(solutions[i]) if specs[i].seed in hinted_set else None)
+    hints = {program: strategy_hint(program) for program in programs} if hint_mode == "strategy" else {}
+
+    def hint(i: int) -> str | None:
+        if specs[i].seed not in hinted_set:
+            return None
+        return hints[specs[i].program] if hint_mode == "strategy" else solution_hint(solutions[i])
+
+    return [Transcript(specs[i].program, specs[i].seed, tuple(observations[i]), tuple(actions[i]), hint(i))
             for i in live if won.get(i)]
 
 
@@ -202,7 +218,8 @@ def action_words(transcripts: Sequence[Transcript]) -> list[str]:
 
 
 def hint_drill(transcript: Transcript, words: Sequence[str], rng: random.Random) -> Transcript:
-    """A hinted transcript whose action values are relabelled at random, the plan with them.
+    """A hinted transcript whose action values are relabelled at random, the plan with them
+    (its hint becomes the `solution` hint of the relabelled actions, whatever it was).
 
     Every letter-or-digit run inside an action's values (`_ACTION_VALUE`) is replaced, the
     same run the same way throughout the transcript: a number by a random number of as many
