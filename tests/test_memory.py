@@ -1,4 +1,7 @@
-"""EnvironmentMemory: records, replay updates, eviction order, exemplars, lossless state."""
+"""EnvironmentMemory: records, replay updates, eviction order, exemplars, lossless state.
+
+The reference's rules (the defaults) are tested in test_conformance_memory.py; the tests here
+of updates, eviction and exemplar fallbacks run this code's earlier rules (`OLD`)."""
 import json
 
 import numpy as np
@@ -6,6 +9,11 @@ import pytest
 
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.prompts import truncate_code
+
+# this code's behaviour before it followed the reference (issue 32), as named options
+OLD = dict(eviction="regret_staleness", refresh_statistics=True, positive_pool_factor=2, positive_pool_min=0,
+           positive_fallback=True, negative_pool_factor=2, exemplar_skills="all", exemplar_order="regret")
+OLD_PROMPT = dict(exemplar_max_lines=80, exemplar_max_chars=4000, exemplar_cut_marked=True, exemplar_layout="inline")
 
 CODE = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'guess', {}\n"
 
@@ -40,7 +48,7 @@ def test_add_fields_ids_and_validation():
 
 
 def test_update_on_replay():
-    mem = EnvironmentMemory()
+    mem = EnvironmentMemory(refresh_statistics=True)
     env_id, _ = _add(mem, 0.5, 0.1, iteration=1)
     rec = mem.update(env_id, iteration=4, win_rate=0.75, mean_plain=0.7, mean_hinted=0.9,
                      regret=0.2)
@@ -53,7 +61,7 @@ def test_update_on_replay():
 
 
 def test_eviction_lowest_decayed_regret_first():
-    mem = EnvironmentMemory(capacity=3, staleness_decay=0.5)
+    mem = EnvironmentMemory(capacity=3, **dict(OLD, staleness_decay=0.5))
     a, _ = _add(mem, 0.5, 0.4, iteration=0)
     b, _ = _add(mem, 0.5, 0.1, iteration=0)
     c, _ = _add(mem, 0.5, 0.2, iteration=1)
@@ -69,7 +77,7 @@ def test_eviction_lowest_decayed_regret_first():
 
 
 def test_eviction_ties_go_to_least_recently_played():
-    mem = EnvironmentMemory(capacity=2)
+    mem = EnvironmentMemory(capacity=2, **OLD)
     x, _ = _add(mem, 0.0, 0.0, iteration=0)
     y, _ = _add(mem, 0.0, 0.0, iteration=0)
     mem.update(x, iteration=2, win_rate=0.0, mean_plain=0.0, mean_hinted=0.0, regret=0.0)
@@ -79,7 +87,7 @@ def test_eviction_ties_go_to_least_recently_played():
 
 
 def _exemplar_memory():
-    mem = EnvironmentMemory()
+    mem = EnvironmentMemory(**OLD)
     ids = {}
     for name, wr, rg in [("p1", 0.5, 0.3), ("p2", 0.3, 0.2), ("p3", 0.7, 0.1), ("p4", 0.2, 0.05),
                          ("p5", 0.6, 0.0), ("easy", 1.0, 0.0), ("hard", 0.0, 0.0), ("mid", 0.88, 0.4)]:
@@ -106,8 +114,8 @@ def test_exemplars_follow_reference_criteria():
 
 
 def test_exemplars_when_not_enough_qualify():
-    assert EnvironmentMemory().exemplars(0) == []
-    mem = EnvironmentMemory()
+    assert EnvironmentMemory().exemplars(0) == [] and EnvironmentMemory(**OLD).exemplars(0) == []
+    mem = EnvironmentMemory(**OLD)
     _add(mem, 0.5, 0.3, env_id="p1")
     mem.add_seed(CODE, "pattern recognition", name="s")
     _add(mem, 0.88, 0.4, env_id="mid")
@@ -123,12 +131,12 @@ def test_designer_prompts_cut_exemplar_code_to_the_prompt_size():
     from spade_jax.designer.corpus import Document
     from spade_jax.designer.prompts import PromptConfig, slot_messages
 
-    mem = EnvironmentMemory()
+    mem = EnvironmentMemory(**OLD)
     long_code = "\n".join(f"x{i} = {i}" for i in range(10))
     mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
             mean_hinted=0.6, regret=0.1, env_id="opt")
     doc = Document(doc_id="d", text="a short document", n_words=3, truncated=False)
-    prompt = PromptConfig(exemplars_positive=1, exemplars_negative=0, exemplar_max_lines=3)
+    prompt = PromptConfig(exemplars_positive=1, exemplars_negative=0, **dict(OLD_PROMPT, exemplar_max_lines=3))
     user = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc, prompt)[1]["content"]
     assert "x0 = 0\nx1 = 1\nx2 = 2\n# ... (truncated)" in user and "x3 = 3" not in user
     none = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc,
@@ -137,13 +145,15 @@ def test_designer_prompts_cut_exemplar_code_to_the_prompt_size():
 
 
 def test_truncate_code_by_chars():
-    assert truncate_code("abc\ndef\nghi", 10, 9) == "abc\ndef\n# ... (truncated)"
-    assert truncate_code("abcdefghij", 10, 4) == "abcd\n# ... (truncated)"
-    assert truncate_code("short", 10, 100) == "short"
+    assert truncate_code("abc\ndef\nghi", 10, 9, marked=True) == "abc\ndef\n# ... (truncated)"
+    assert truncate_code("abcdefghij", 10, 4, marked=True) == "abcd\n# ... (truncated)"
+    assert truncate_code("short", 10, 100, marked=True) == "short"
+    assert truncate_code("abc\ndef\nghi", 10, 9) == "abc\ndef\ng"  # unmarked: the first characters
+    assert truncate_code("a\nb\nc\n", 2, 100) == "a\nb\n" and truncate_code("a\nb\n", 0, 100) == "a\nb\n"
 
 
 def test_state_round_trip_is_lossless():
-    mem = EnvironmentMemory(capacity=4, staleness_decay=0.9)
+    mem = EnvironmentMemory(capacity=4, **dict(OLD, staleness_decay=0.9))
     mem.add_seed(CODE, "causal inference", name="fork", admission={"note": "seed"})
     for i, (wr, rg) in enumerate([(0.1 + 0.2, 1 / 3), (0.5, 0.1), (0.95, 2 ** -40), (0.0, 0.0)]):
         _add(mem, wr, rg, iteration=i + 1, doc_id=f"doc-{i}", admission={"times": [1.5, i]})
@@ -152,6 +162,7 @@ def test_state_round_trip_is_lossless():
     state = mem.to_state()
     restored = EnvironmentMemory.from_state(json.loads(json.dumps(state, allow_nan=False)))
     assert restored.to_state() == state
+    assert all(getattr(restored, k) == getattr(mem, k) for k in OLD)
     assert restored.records() == mem.records()
     assert [r.env_id for r in restored.records()] == [r.env_id for r in mem.records()]
     assert restored.get("env-000001").win_rate == 0.1 + 0.2
@@ -160,3 +171,15 @@ def test_state_round_trip_is_lossless():
     assert restored.to_state() == mem.to_state()
     with pytest.raises(ValueError, match="version"):
         EnvironmentMemory.from_state({"version": 99})
+
+
+def test_a_state_saved_before_the_reference_settings_loads_with_their_defaults():
+    mem = EnvironmentMemory(**OLD)
+    _add(mem, 0.5, 0.1)
+    state = json.loads(json.dumps(mem.to_state()))
+    for name in OLD:
+        if name != "staleness_decay":
+            state.pop(name)
+    old = EnvironmentMemory.from_state(state)
+    fresh = EnvironmentMemory()
+    assert all(getattr(old, k) == getattr(fresh, k) for k in OLD) and old.records() == mem.records()

@@ -9,6 +9,15 @@ characters) and with every common chat-format special-token spelling broken
 (`models.tokenizer.escape_chat_markers`; these prompts are rendered without the
 policy's tokenizer), so a remembered program cannot end the user turn it sits in. The
 reference document comes from the user's corpus (trusted) and is shown as it is.
+
+Exemplar layout (``PromptConfig.exemplar_layout``). "reference" follows the reference's
+`_augment_prompt_with_memory` (spade/core/orchestrator.py:1204-1227, env_memory.py:125-151):
+after the whole request, a tagged block of positives, each headed by its skill, win rate
+and regret and shown with its code, then one line per negative naming it and why it
+failed, without code; the prose is ours. "inline" is this code's earlier layout: every
+exemplar, negatives too, as a labelled code block between the document and the request.
+Exemplar code is cut as the reference stores it, to its first 2000 characters
+(env_memory.py:60); `truncate_code` also keeps the earlier whole-line, marked cut.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from spade_jax.models.tokenizer import escape_chat_markers
 from spade_jax.sandbox.text import clean_text
 
 DIFFICULTIES = ("easy", "medium", "hard")
+EXEMPLAR_LAYOUTS = ("reference", "inline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,15 +41,20 @@ class PromptConfig:
 
     doc_max_words: words of the reference document kept (the corpus truncates to it).
     exemplars_positive / exemplars_negative: memory exemplars per prompt
-    (`EnvironmentMemory.exemplars`). exemplar_max_lines / exemplar_max_chars: how much of
-    each exemplar's code is shown (`truncate_code`).
+    (`EnvironmentMemory.exemplars`; the reference's 2 and 1, orchestrator.py:1213,1224).
+    exemplar_max_chars / exemplar_max_lines / exemplar_cut_marked: how much of each
+    exemplar's code is shown (`truncate_code`): the reference's first 2000 characters, no
+    line limit (0), cut unmarked; this code's earlier cut was 80 lines, 4000 characters,
+    marked. exemplar_layout: "reference" or "inline" (earlier; see the module docstring).
     """
 
     doc_max_words: int = 6000
     exemplars_positive: int = 2
     exemplars_negative: int = 1
-    exemplar_max_lines: int = 80
-    exemplar_max_chars: int = 4000
+    exemplar_max_lines: int = 0
+    exemplar_max_chars: int = 2000
+    exemplar_cut_marked: bool = False
+    exemplar_layout: str = "reference"
 
     def __post_init__(self):
         if self.doc_max_words < 1:
@@ -47,6 +62,8 @@ class PromptConfig:
         for name in ("exemplars_positive", "exemplars_negative", "exemplar_max_lines", "exemplar_max_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.exemplar_layout not in EXEMPLAR_LAYOUTS:
+            raise ValueError(f"exemplar_layout must be one of {EXEMPLAR_LAYOUTS}, got {self.exemplar_layout!r}")
 
 DESIGNER_SYSTEM_PROMPT = """You design training environments for a reasoning agent. An environment is one Python program defining exactly one class whose name ends in Env:
 - __init__(self, max_turns=..., **kwargs)
@@ -55,6 +72,28 @@ DESIGNER_SYSTEM_PROMPT = """You design training environments for a reasoning age
 - solution(self) -> str: the actions that win the instance of the last reset, one per line
 Games take one action per turn as \\boxed{...} (read it with extract_boxed(action)). Tool-use environments subclass ToolUseEnv: declare `tools` (OpenAI function schemas), set self.expected_answer in reset, write tool_<name> methods; the agent calls <tool_call>{"name": ..., "arguments": {...}}</tool_call> and finishes with <answer>...</answer>.
 Import only the standard library (math, random, re, json, itertools, collections, heapq, string, fractions, dataclasses, typing, functools) and numpy; `from spade_jax.envs import ToolUseEnv, extract_boxed, SUCCESS_REWARD`. Put difficulty knobs in UPPERCASE constants at the top; optionally declare DIFFICULTY_LEVELS = ("easy", "medium", "hard") in the class and accept __init__(..., difficulty=None) that sets the knobs per level."""
+
+
+def _number(value: float | None) -> str:
+    return "unmeasured" if value is None else f"{value:.2f}"
+
+
+def _reference_exemplars(exemplars: Sequence[Exemplar]) -> list[str]:
+    """The reference layout's parts: the positives' tagged block, then the negatives' lines."""
+    positives = [e for e in exemplars if e.kind == "positive"]
+    negatives = [e for e in exemplars if e.kind == "negative"]
+    parts = []
+    if positives:
+        blocks = "\n\n".join(
+            f"### Example {i} (skill: {e.skill}, win_rate: {_number(e.win_rate)}, regret: {_number(e.regret)})\n"
+            f"```python\n{exemplar_code(e.code)}\n```" for i, e in enumerate(positives, 1))
+        parts.append("<EXAMPLE_ENVIRONMENTS>\nEarlier environments whose difficulty suited the agent. Borrow "
+                     "their structure and level of complexity, but design a different game:\n\n"
+                     f"{blocks}\n</EXAMPLE_ENVIRONMENTS>")
+    if negatives:
+        parts.append("Do not design environments like these:\n" + "\n".join(
+            f"- {e.label} (win_rate={_number(e.win_rate)}): environment {e.env_id}" for e in negatives))
+    return parts
 
 
 def _exemplar_block(number: int, exemplar: Exemplar) -> str:
@@ -73,13 +112,16 @@ def exemplar_code(code: str) -> str:
     return escape_chat_markers(clean_text(code))
 
 
-def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar]) -> str:
+def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar],
+                         layout: str = "reference") -> str:
     """The user turn of a designer prompt; `reference` is a wrapped document (`Document.as_reference`),
-    or empty for a prompt without one."""
+    or empty for a prompt without one; ``layout`` places the exemplars (module docstring)."""
+    if layout not in EXEMPLAR_LAYOUTS:
+        raise ValueError(f"layout must be one of {EXEMPLAR_LAYOUTS}, got {layout!r}")
     parts = [f"Skill: {skill}\nDifficulty: {difficulty}"]
     if reference:
         parts.append(f"Ground the environment in this reference document where it fits:\n{reference}")
-    if exemplars:
+    if exemplars and layout == "inline":
         parts.append(
             "Environments designed before and how the agent did on them:\n\n"
             + "\n\n".join(_exemplar_block(i + 1, e) for i, e in enumerate(exemplars))
@@ -88,21 +130,33 @@ def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars:
         f"Write a new {difficulty} environment that trains {skill}. Reply with one complete program "
         "in a single ```python code block."
     )
+    if layout == "reference":
+        parts += _reference_exemplars(exemplars)
     return "\n\n".join(parts)
 
 
 def designer_messages(
-    skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar], system_prompt: str = DESIGNER_SYSTEM_PROMPT
+    skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar],
+    system_prompt: str = DESIGNER_SYSTEM_PROMPT, layout: str = "reference",
 ) -> list[dict]:
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": designer_user_prompt(skill, difficulty, reference, exemplars)},
+        {"role": "user", "content": designer_user_prompt(skill, difficulty, reference, exemplars, layout)},
     ]
 
 
-def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
-    """First ``max_lines`` lines and at most ``max_chars`` characters, marked when cut."""
+def truncate_code(code: str, max_lines: int, max_chars: int, *, marked: bool = False) -> str:
+    """At most ``max_lines`` lines (0: any number) and ``max_chars`` characters of ``code``.
+
+    Unmarked (the reference, env_memory.py:60): the first characters as they are. ``marked``
+    (this code's earlier cut): whole lines only, followed by "# ... (truncated)" when cut.
+    """
+    if not marked:
+        lines = code.splitlines(keepends=True)
+        kept = "".join(lines[:max_lines]) if max_lines and len(lines) > max_lines else code
+        return kept[:max_chars]
     lines = code.splitlines()
+    max_lines = max_lines or len(lines)
     out = "\n".join(lines[:max_lines])
     cut = len(lines) > max_lines
     if len(out) > max_chars:
@@ -111,12 +165,14 @@ def truncate_code(code: str, max_lines: int, max_chars: int) -> str:
     return out + "\n# ... (truncated)" if cut else out
 
 
-def slot_exemplars(memory: EnvironmentMemory | None, rng: np.random.Generator, prompt: PromptConfig) -> list[Exemplar]:
-    """The exemplars one designer slot shows: drawn from ``memory`` (none when it is None),
-    their code cut to the prompt's size."""
-    drawn = memory.exemplars(rng, n_positive=prompt.exemplars_positive,
-                             n_negative=prompt.exemplars_negative) if memory is not None else []
-    return [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars))
+def slot_exemplars(memory: EnvironmentMemory | None, rng: np.random.Generator, prompt: PromptConfig,
+                   skill: str | None = None) -> list[Exemplar]:
+    """The exemplars one designer slot of ``skill`` shows: drawn from ``memory`` (none when it
+    is None; ``skill`` None draws over every skill), their code cut to the prompt's size."""
+    drawn = memory.exemplars(rng, n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative,
+                             skill=skill) if memory is not None else []
+    return [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars,
+                                                      marked=prompt.exemplar_cut_marked))
             for e in drawn]
 
 
@@ -125,8 +181,9 @@ def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, sk
     """The chat messages of one designer slot: `slot_exemplars` and ``doc`` (a `Document`,
     already cut by the corpus). ``memory`` None gives no exemplars and ``doc`` None no
     document (the no-memory and no-corpus ablations)."""
-    exemplars = slot_exemplars(memory, rng, prompt)
-    return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars)
+    exemplars = slot_exemplars(memory, rng, prompt, skill)
+    return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars,
+                             layout=prompt.exemplar_layout)
 
 
 def designer_answer(code: str) -> str:

@@ -2,7 +2,8 @@
 staged admission of every program at once (`admit_samples`).
 
 Each slot gets a skill, a difficulty, a corpus document and exemplars drawn from the
-environment memory (`prompts.slot_messages`). Every sampled program goes through the
+environment memory's records of that skill (`prompts.slot_messages`; the reference's
+`_augment_prompt_with_memory` filters by the slot's skill too, orchestrator.py:1213,1224). Every sampled program goes through the
 sandbox's admission in one concurrent batch, whose novelty stage also rejects a program
 that nearly duplicates an earlier one of the same batch. Failures keep their stage and
 reason: they become the configured penalty reward for the designer.
