@@ -1,0 +1,110 @@
+"""Hint mode `self` follows the reference (/tmp/ref spade/core/hint_generator.py and
+orchestrator.py), one test per rule; mode `strategy` exists (issue 32)."""
+
+from __future__ import annotations
+
+import types
+
+from spade_jax.agent import hints
+from spade_jax.agent.hints import HintConfig, clean_hint, matched_requests
+
+TOOL_ENV = "from spade_jax.envs import ToolUseEnv\n\n\nclass ShopEnv(ToolUseEnv):\n    pass\n"
+GAME_ENV = "class GuessEnv:\n    pass\n"
+
+
+def _fake_sampler(monkeypatch, replies_by_attempt):
+    """complete_chats answering the k-th call with replies_by_attempt[k] (one per chat); records the chats."""
+    calls = []
+
+    def fake(policy, chats, **kwargs):
+        calls.append((list(chats), kwargs))
+        return [types.SimpleNamespace(text=t) for t in replies_by_attempt[len(calls) - 1][: len(chats)]]
+
+    monkeypatch.setattr(hints, "complete_chats", fake)
+    monkeypatch.setattr(hints, "prompt_text", lambda tokenizer, text: text)
+    return calls
+
+
+def test_the_game_prompt_carries_the_reference_rules_and_examples():
+    """hint_generator.py:24-45: 1-3 sentences under 100 words, strategy + answer format, the
+    player answers in \\boxed{}, never the exact answer, a good and a bad example; ~1400 chars."""
+    prompt = hints.HINT_SYSTEM_PROMPT
+    assert 1100 <= len(prompt) <= 1800
+    for rule in ("1 to 3 sentences", "fewer than 100 words", "\\boxed{answer}", "Never give the exact answer",
+                 "answer format", "GOOD:", "BAD:", "no JSON, no markdown"):
+        assert rule in prompt, rule
+
+
+def test_the_tool_use_prompt_is_chosen_by_game_type_as_the_reference_keys_it():
+    """hint_generator.py:78-82 and types.py:208: game_type 'tool_use' picks the tool-use prompt,
+    anything else (default 'cognitive') the game prompt; 'auto' (a deviation) picks per program."""
+    tool = hints.TOOL_USE_HINT_SYSTEM_PROMPT
+    for rule in ("<answer>done</answer>", "placeholders", "NO concrete values", "2 to 3 sentences", "GOOD:", "BAD"):
+        assert rule in tool, rule
+    assert HintConfig().game_type == "cognitive"
+    assert hints.system_prompt(TOOL_ENV) == hints.HINT_SYSTEM_PROMPT
+    assert hints.system_prompt(GAME_ENV, "tool_use") == tool
+    assert hints.system_prompt(TOOL_ENV, "auto") == tool and hints.system_prompt(GAME_ENV, "auto") == hints.HINT_SYSTEM_PROMPT
+
+
+def test_the_user_message_is_the_reference_framing_of_the_whole_program(monkeypatch):
+    """hint_generator.py:154 and 246: system prompt, then 'Environment code:' and the fenced code."""
+    calls = _fake_sampler(monkeypatch, [["Halve the range each turn."] * 2])
+    code = GAME_ENV + "#" * 7000  # longer than the old 6000-character cut
+    hints.write_hints(types.SimpleNamespace(tokenizer=None), [code], HintConfig())
+    (chat,), _ = calls[0]
+    assert chat == [{"role": "system", "content": hints.HINT_SYSTEM_PROMPT},
+                    {"role": "user", "content": f"Environment code:\n```python\n{code}\n```"}]
+
+
+def test_sampling_defaults_are_the_references(monkeypatch):
+    """types.py:154 temperature 0.3; max_new_tokens 4096 (issue 32); the reply is kept whole."""
+    cfg = HintConfig()
+    assert (cfg.temperature, cfg.max_new_tokens, cfg.max_sentences, cfg.max_code_chars, cfg.retries) == (
+        0.3, 4096, 0, 0, 2)
+    calls = _fake_sampler(monkeypatch, [["x"]])
+    hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV], cfg)
+    assert calls[0][1]["temperature"] == 0.3 and calls[0][1]["max_new_tokens"] == 4096
+
+
+def test_the_hint_is_kept_whole_and_a_fenced_json_hint_unwrapped():
+    """hint_generator.py:132-149: strip, take "hint" out of a ```json block, no sentence cut."""
+    reply = "  First sort the items.\nThen add the two smallest. Then repeat. Answer with one integer.  "
+    assert clean_hint(reply) == reply.strip()
+    assert clean_hint('```json\n{"hint": "Use binary search."}\n```') == "Use binary search."
+    assert clean_hint('```json\n{"note": 1}\n```') == '```json\n{"note": 1}\n```'
+    assert clean_hint(" \n ") is None
+
+
+def test_an_empty_hint_is_sampled_again_three_attempts_in_all(monkeypatch):
+    """hint_generator.py:268-287: max_retries=3 attempts; an empty reply is a failed attempt."""
+    calls = _fake_sampler(monkeypatch, [["", "Count the walls."], ["  "], ["Go by parity."]])
+    out = hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV, TOOL_ENV], HintConfig())
+    assert out == ["Go by parity.", "Count the walls."]
+    assert [len(chats) for chats, _ in calls] == [2, 1, 1]
+    assert len({kwargs["seed"] for _, kwargs in calls}) == 3  # each attempt samples afresh
+    calls = _fake_sampler(monkeypatch, [[""], [""], [""], ["never asked"]])
+    assert hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV], HintConfig()) == [None]
+    assert len(calls) == 3
+
+
+def test_an_environment_without_a_hint_gets_no_hinted_plays():
+    """orchestrator.py:1939-1944: a failed hint gives the game no hinted plays (regret 0)."""
+    for mode in ("self", "strategy", "placebo"):
+        requests = matched_requests(0, GAME_ENV, [7, 8], mode, hint=None)
+        assert [(r.seed, r.hinted) for r in requests] == [(7, False), (8, False)]
+    hinted = [r for r in matched_requests(0, GAME_ENV, [7], "self", hint="Halve the range.") if r.hinted]
+    assert [(r.seed, r.hint) for r in hinted] == [(7, "Halve the range.")]
+
+
+def test_mode_strategy_writes_offline_hints_and_none_for_unknown_programs():
+    from spade_jax.envs import library
+
+    assert "strategy" in hints.HINT_MODES
+    out = hints.write_hints(None, [library.load_source("number_guess"), GAME_ENV], HintConfig(mode="strategy"))
+    assert out[0].startswith("Use binary search") and out[1] is None
+    placebo = hints.write_hints(None, [library.load_source("number_guess")],
+                                HintConfig(mode="placebo", placebo_of="strategy"))
+    assert len(placebo[0]) == len(out[0]) and "binary" not in placebo[0]
+    requests = matched_requests(0, "code", [3], "strategy", hint=out[0])
+    assert [(r.hinted, r.hint, r.hint_from_solution) for r in requests] == [(False, None, False), (True, out[0], False)]
