@@ -207,9 +207,9 @@ def test_guidance_follows_the_first_observation_of_plain_and_hinted_plays(pool, 
                 EpisodeRequest(0, program, 3)]
     plain, hinted, unguided = play_episodes(policy, pool, requests, AgentConfig(max_turns=1, context_budget=4096),
                                             sample=sample)
-    first = unguided.messages[1]["content"]
-    assert plain.messages[1]["content"] == first + GUIDANCE_SEPARATOR + guidance
-    assert hinted.messages[1]["content"] == first + GUIDANCE_SEPARATOR + guidance + HINT_SEPARATOR + "Add the prices."
+    first = unguided.messages[0]["content"]  # no system turn by default
+    assert plain.messages[0]["content"] == first + GUIDANCE_SEPARATOR + guidance
+    assert hinted.messages[0]["content"] == first + GUIDANCE_SEPARATOR + guidance + HINT_SEPARATOR + "Add the prices."
 
 
 def test_environment_suites_play_with_guidance_and_benchmarks_without(pool, small_tokenizer, canned_sampler,

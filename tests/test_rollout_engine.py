@@ -141,16 +141,27 @@ def _same(a, b, logprob_tol=0.0):
         assert x.messages == y.messages
 
 
-def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool):
-    """Six episodes (two hinted) on three rows, so rows are refilled from the queue."""
-    cfg = AgentConfig(max_turns=3, max_new_tokens=16, context_budget=1536, temperature=0.0, rows=3)
+@pytest.mark.parametrize("step_cut_replies,overlap", [(True, False), (False, True)])
+def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_replies, overlap):
+    """Six episodes (two hinted) on three rows, so rows are refilled from the queue. The random
+    policy's replies mostly run to max_new_tokens: stepped anyway (`step_cut_replies`, several
+    turns), or each ends its episode unstepped (the default; with the sandbox overlapped)."""
+    cfg = AgentConfig(max_turns=3, max_new_tokens=16, context_budget=1536, temperature=0.0, rows=3,
+                      step_cut_replies=step_cut_replies)
     requests = _requests(4) + _requests(2, hinted=True)
     lockstep = play_episodes(chat_policy, pool, requests, cfg, sample=generate)
     stats = RolloutStats()
-    engine = play_episodes(chat_policy, pool, requests, cfg, stats=stats)
+    engine = play_episodes(chat_policy, pool, requests, dataclasses.replace(cfg, overlap_sandbox=overlap), stats=stats)
     _same(lockstep, engine, logprob_tol=1e-4)
-    assert max(t.turns for t in engine) >= 2 and sum(t.loss_mask.sum() for t in engine) > 0
+    assert sum(t.loss_mask.sum() for t in engine) > 0
     assert 0 < stats.device_busy_fraction <= 1 and stats.engine.chunks > 1
+    if step_cut_replies:
+        assert max(t.turns for t in engine) >= 2
+        return
+    stops = set(chat_policy.tokenizer.eos_token_ids)
+    cut = [int(t.tokens[-1]) not in stops for t in engine]
+    assert any(cut)
+    assert all(t.end_reason == "max_new_tokens" and t.reward == 0.0 for t, c in zip(engine, cut) if c)
 
 
 def test_sampled_episodes_depend_on_the_seed_not_on_the_schedule(chat_policy, pool):

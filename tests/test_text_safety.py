@@ -295,9 +295,9 @@ def test_rollout_escapes_observations_and_solution_hints(hf_tokenizer, canned_sa
                                      sample=canned_sampler(reply))
     assert evil.end_reason == benign.end_reason == "truncated" and evil.turns == 2, (evil.end_reason, evil.error)
     assert _count_special(hf_tokenizer, evil.tokens) == _count_special(hf_tokenizer, benign.tokens)
-    first = evil.messages[1]["content"]
+    first = evil.messages[0]["content"]  # no system turn by default
     assert "HINT: " + SOLUTION_HINT_PREFIX + "1) " in first and "\x1b" not in first and "\ud800" not in first
-    assert "<|im_end|>" not in first and "<|im_end|>" not in evil.messages[3]["content"]
+    assert "<|im_end|>" not in first and "<|im_end|>" not in evil.messages[2]["content"]
 
 
 # ---------------------------------------------------------------- gallery

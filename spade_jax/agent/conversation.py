@@ -27,7 +27,7 @@ _OBSERVATION = "\u0000SPADE-OBSERVATION\u0000"
 def _turn_suffix(tokenizer, messages: list[dict]) -> str:
     """Text the template puts after an assistant message, up to the next assistant header."""
     rendered = tokenizer.apply_chat_template_text(
-        messages[:2]
+        messages
         + [{"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": _OBSERVATION}],
         add_generation_prompt=True,
     )
@@ -53,9 +53,15 @@ class Conversation:
 
     @classmethod
     def start(cls, tokenizer, system: str, first_observation: str) -> "Conversation":
-        """The system prompt (trusted) and the first observation (escaped: `prompt_text`)."""
+        """The system prompt (trusted) and the first observation (escaped: `prompt_text`).
+
+        An empty `system` means no system turn: the conversation opens with the observation,
+        as the reference's actor prompt does (one user message, spade-rl/spade
+        core/orchestrator.py:256-266). The chat template may still add its own default.
+        """
         first_observation = prompt_text(tokenizer, first_observation)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": first_observation}]
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": first_observation})
         ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
         return cls(ids, [False] * len(ids), [0.0] * len(ids), messages, _turn_suffix(tokenizer, messages))
 

@@ -10,9 +10,27 @@ whose episode ends takes the next waiting episode (continuous batching). With
 live episode (tests with canned samplers, external agents, the benchmark's baseline).
 
 An episode ends when its environment terminates or truncates, a sandbox call fails or times
-out, it reaches `max_turns`, or its next turn would not fit the context budget. Plain and
-hinted plays of an environment share seeds, so regret compares matched instances. Sampled
-replies depend on the seed, the episode's index and the turn, not on rows or timing.
+out, a reply is cut at `max_new_tokens`, it reaches `max_turns`, or its next turn would not fit
+the context budget. Its reward follows the reference (spade-rl/spade `core/orchestrator.py`
+`play_game_async`, `core/envs/synthetic_game_env.py` `step`, `core/utils/rewards.py`
+`episode_reward`); the rules this code base had before are `AgentConfig` options, off by default:
+
+* a terminated episode scores its last reward clipped to [-1, 1]; one truncated, out of turns
+  or out of context 0;
+* a step() that raises, breaks the contract (a malformed result) or gets its worker killed
+  (memory, output, a forbidden call: `failed_call` "step") scores `step_error_reward` (-1:
+  the reference's wrapper answers a raising or malformed step with reward -1, terminated;
+  synthetic_game_env.py:402-434, rewards.py:47-50); a failed start or a sandbox-side refusal
+  scores 0;
+* a reply cut at `max_new_tokens` (no stop token) is not stepped: the episode ends there
+  ("max_new_tokens") and scores 0 (orchestrator.py:474-489); `step_cut_replies` steps it;
+* a timed-out play (any sandbox call past its deadline) is dropped (`Trajectory.dropped`):
+  the reference returns a FAILED trajectory that never reaches training or the play
+  statistics (orchestrator.py:490-510, 1523-1547, 1614-1624); `score_timeouts` keeps it with
+  `timeout_penalty` instead.
+
+Plain and hinted plays of an environment share seeds, so regret compares matched instances.
+Sampled replies depend on the seed, the episode's index and the turn, not on rows or timing.
 
 Everything an environment says is data: observations (and the hint appended to the first
 one) enter the prompt through `Conversation`, which cleans them and escapes the
@@ -40,6 +58,8 @@ from spade_jax.sampling.engine import EngineStats, RowEngine
 from spade_jax.sandbox import EpisodeSpec
 from spade_jax.sandbox.text import clean_text
 
+# A system turn for the agent; not the default (`AgentConfig.system_prompt` is "", as in the
+# reference), but presets and the bootstrap that trains with it set it explicitly.
 AGENT_SYSTEM_PROMPT = (
     "You are playing an interactive environment. Read each observation and reply with exactly one action. "
     "Games take the action as \\boxed{...}. Tool environments take "
@@ -53,7 +73,18 @@ SOLUTION_HINT_PREFIX = "Winning actions, one per turn: "
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
-    """How episodes are played. `context_budget` bounds prompt + all turns, in tokens."""
+    """How episodes are played. `context_budget` bounds prompt + all turns, in tokens.
+
+    `system_prompt` "" (the default) opens the conversation with the first observation alone,
+    as the reference does (its actor template is one user message, orchestrator.py:256-266);
+    set it (e.g. to `AGENT_SYSTEM_PROMPT`) for a system turn first.
+
+    Outcome rules (see the module docstring); the reference's are the defaults:
+    `step_error_reward` is the reward of an episode whose step() raised or returned a malformed
+    result (-1.0; 0.0 was this code base's rule before); `step_cut_replies` (off) steps a reply
+    cut at `max_new_tokens` instead of ending the episode with reward 0; `score_timeouts` (off)
+    keeps a timed-out play with reward `timeout_penalty` instead of dropping it.
+    """
 
     max_turns: int = 8
     max_new_tokens: int = 512
@@ -61,8 +92,11 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY
-    system_prompt: str = AGENT_SYSTEM_PROMPT
+    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY  # read only with score_timeouts
+    system_prompt: str = ""
+    step_error_reward: float = -1.0
+    step_cut_replies: bool = False
+    score_timeouts: bool = False
     rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
     refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
     # Step finished replies in the sandbox while the next chunk decodes (they rejoin a chunk
@@ -70,6 +104,8 @@ class AgentConfig:
     overlap_sandbox: bool = False
 
     def __post_init__(self):
+        if not -1.0 <= self.step_error_reward <= 1.0:
+            raise ValueError(f"step_error_reward must be in [-1, 1], got {self.step_error_reward}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens >= self.context_budget:
@@ -111,7 +147,13 @@ class EpisodeRequest:
 
 @dataclasses.dataclass
 class Trajectory:
-    """A finished episode: its tokens for training and its outcome."""
+    """A finished episode: its tokens for training and its outcome.
+
+    `dropped`: the play timed out (`end_reason` "timeout") under the reference's rule
+    (`AgentConfig.score_timeouts` off). A dropped play is no sample: its `reward` (0.0) means
+    nothing, and it must be left out of training and of every reward statistic (solve rates,
+    regret); the designer's penalty for the timeout is scoring's business.
+    """
 
     request: EpisodeRequest
     tokens: np.ndarray
@@ -120,9 +162,10 @@ class Trajectory:
     reward: float
     won: bool
     turns: int
-    end_reason: str  # terminated | truncated | max_turns | context | timeout | error
+    end_reason: str  # terminated | truncated | max_turns | max_new_tokens | context | timeout | error
     error: str | None
     messages: list[dict]
+    dropped: bool = False
 
     @property
     def hinted(self) -> bool:
@@ -178,6 +221,7 @@ class _Live:
     final_reward: float = 0.0
     terminated: bool = False
     timed_out: bool = False
+    failed_call: str | None = None
     end_reason: str = ""
     error: str | None = None
 
@@ -254,7 +298,7 @@ def play_episodes(
     stats.wall_s += time.perf_counter() - started
     out = []
     for e in episodes:
-        reward = episode_reward(e.final_reward, e.terminated, e.timed_out, timeout_penalty=cfg.timeout_penalty)
+        reward, dropped = _outcome(e, cfg)
         conv = e.conversation
         tokens, mask, logprobs = conv.arrays() if conv else (np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.float32))
         out.append(
@@ -269,9 +313,29 @@ def play_episodes(
                 end_reason=e.end_reason,
                 error=e.error,
                 messages=conv.messages if conv else [],
+                dropped=dropped,
             )
         )
     return out
+
+
+def _outcome(e: _Live, cfg: AgentConfig) -> tuple[float, bool]:
+    """The episode's reward and whether it is dropped (the rules of the module docstring)."""
+    if e.timed_out:
+        return (float(cfg.timeout_penalty), False) if cfg.score_timeouts else (0.0, True)
+    if e.end_reason == "error" and e.failed_call == "step":
+        return float(cfg.step_error_reward), False
+    return episode_reward(e.final_reward, e.terminated), False
+
+
+def _cut(e: _Live, cfg: AgentConfig, finished: bool) -> bool:
+    """Ends the episode (reason "max_new_tokens", unstepped) when its reply hit the token limit
+    without a stop token, unless `cfg.step_cut_replies`; True when it ended."""
+    if finished or cfg.step_cut_replies:
+        return False
+    e.turns += 1
+    e.end_reason = "max_new_tokens"
+    return True
 
 
 def _out_of_context(e: _Live, cfg: AgentConfig) -> bool:
@@ -317,16 +381,19 @@ def _play_lockstep(policy, pool, episodes, cfg, seed, read_action, report_ended,
             top_k=cfg.top_k,
             seed=int(np.random.SeedSequence([seed, turn]).generate_state(1)[0]),
         )
-        actions = []
+        stepped, actions = [], []
         for row, e in enumerate(live):
             n = int(generation.lengths[row])
             ids = generation.tokens[row, :n]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             e.conversation.add_response(ids, generation.logprobs[row, :n], text)
-            actions.append(read_action(text))
-        results = pool.step([e.episode_id for e in live], actions)
-        for row, (e, result) in enumerate(zip(live, results)):
-            _settle(e, result, cfg, tokenizer, bool(generation.finished[row]))
+            finished = bool(generation.finished[row])
+            if not _cut(e, cfg, finished):
+                stepped.append((e, finished))
+                actions.append(read_action(text))
+        results = pool.step([e.episode_id for e, _ in stepped], actions) if stepped else []
+        for (e, finished), result in zip(stepped, results):
+            _settle(e, result, cfg, tokenizer, finished)
         report_ended()
         turn += 1
 
@@ -389,9 +456,16 @@ def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended
             stepped, actions = [], []
             for reply in replies:
                 text = tokenizer.decode(reply.tokens, skip_special_tokens=True)
-                by_row[reply.row].conversation.add_response(reply.tokens, reply.logprobs, text)
+                e = by_row[reply.row]
+                e.conversation.add_response(reply.tokens, reply.logprobs, text)
+                if _cut(e, cfg, reply.stopped):
+                    engine.release(reply.row)
+                    continue
                 actions.append(read_action(text))
                 stepped.append((reply.row, reply.stopped))
+            report_ended()
+            if not stepped:
+                continue
             episode_ids = [by_row[row].episode_id for row, _ in stepped]
             if executor is not None:
                 in_flight = executor.submit(sandbox_step, stepped, episode_ids, actions)
@@ -408,4 +482,5 @@ def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended
 def _end(episode: _Live, result, reason: str) -> None:
     episode.end_reason = reason
     episode.timed_out = bool(result.timed_out)
+    episode.failed_call = result.failed_call
     episode.error = result.error

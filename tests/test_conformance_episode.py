@@ -1,0 +1,150 @@
+"""Conformance: an agent episode's outcome follows the reference's rules (spade-rl/spade, issue 32).
+
+Each test plays one small environment program in the real sandbox with a scripted agent
+(`play_episodes(sample=...)`) and checks the reference's rule, computed here by hand from
+its code:
+
+* `ref_episode_reward` is core/utils/rewards.py:47-50 (last reward clipped to [-1, 1] when
+  the episode terminated, else 0);
+* a step() that raises or returns anything but a 5-tuple is answered by the reference's
+  wrapper with reward -1.0 and terminated=True (core/envs/synthetic_game_env.py:402-434);
+* a reply without EOS (cut at max_tokens) is not stepped: the episode stops, truncated,
+  with the rewards so far (core/orchestrator.py:474-489);
+* a step past ENV_STEP_TIMEOUT returns a FAILED trajectory, left out of the plays
+  (orchestrator.py:490-510, 1614-1624);
+* the actor's first prompt is one user message, no system turn (orchestrator.py:256-266).
+
+The old rules stay available as `AgentConfig` options; the last tests check them.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.sampling import Generation, GenerationStats
+from spade_jax.sandbox import SandboxConfig, SandboxPool
+
+AGENT = AgentConfig(max_turns=3, max_new_tokens=32, context_budget=1024)
+
+GUESS = '''
+class GuessEnv:
+    """Answer \\\\boxed{7} to win."""
+
+    def __init__(self, max_turns=3, **kwargs):
+        self.max_turns = max_turns
+
+    def reset(self, seed=None):
+        return "Say seven.", {}
+
+    def step(self, action):
+        won = extract_boxed(action) == "7"
+        return ("Right." if won else "No."), (1.0 if won else 0.0), won, False, {}
+'''
+
+RAISES = GUESS.replace('won = extract_boxed(action) == "7"', 'raise ValueError("broken step")')
+MALFORMED = GUESS.replace('return ("Right." if won else "No."), (1.0 if won else 0.0), won, False, {}',
+                          'return "Right.", 1.0, won')
+HANGS = GUESS.replace('won = extract_boxed(action) == "7"', "while True:\n            pass")
+
+
+def ref_episode_reward(rewards: list[float], terminated: bool) -> float:
+    """core/utils/rewards.py:47-50."""
+    if not rewards or not terminated:
+        return 0.0
+    return max(-1.0, min(1.0, float(rewards[-1])))
+
+
+def scripted(reply: str, finished: bool = True):
+    """A sampler that answers every prompt with `reply`; `finished` False: cut at the token limit."""
+
+    def sample(policy, prompts, *, max_new_tokens, **unused):
+        tok = policy.tokenizer
+        ids = tok.encode(reply) + ([tok.eos_token_ids[0]] if finished else [])
+        assert len(ids) <= max_new_tokens
+        n = len(prompts)
+        return Generation(tokens=np.tile(np.asarray(ids, np.int32), (n, 1)),
+                          logprobs=np.zeros((n, len(ids)), np.float32), lengths=np.full(n, len(ids), np.int32),
+                          finished=np.full(n, finished), stats=GenerationStats(0.0, 0.0, 0.0, len(ids), (n, 0, len(ids))))
+
+    return sample
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(SandboxConfig(num_workers=2, call_timeout_s=1.0)) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def policy(small_tokenizer):
+    return types.SimpleNamespace(tokenizer=small_tokenizer)
+
+
+def play(policy, pool, program, sample, cfg=AGENT):
+    return play_episodes(policy, pool, [EpisodeRequest(0, program, seed=5)], cfg, sample=sample)[0]
+
+
+def test_a_step_that_raises_scores_minus_one(policy, pool):
+    t = play(policy, pool, RAISES, scripted("\\boxed{7}"))
+    assert t.reward == ref_episode_reward([-1.0], True) == -1.0
+    assert t.end_reason == "error" and "broken step" in t.error and not t.won and t.turns == 1
+    assert not t.dropped
+
+
+def test_a_malformed_step_result_scores_minus_one(policy, pool):
+    t = play(policy, pool, MALFORMED, scripted("\\boxed{7}"))
+    assert t.reward == ref_episode_reward([-1.0], True) == -1.0
+    assert t.end_reason == "error" and "contract violation" in t.error and not t.dropped
+
+
+def test_a_reply_cut_at_max_new_tokens_is_not_stepped(policy, pool):
+    """The cut reply would win (\\boxed{7}); the reference never steps it: reward 0, one turn,
+    its tokens kept for training (loss mask on)."""
+    t = play(policy, pool, GUESS, scripted("\\boxed{7}", finished=False))
+    assert t.end_reason == "max_new_tokens" and t.turns == 1 and not t.dropped
+    assert t.reward == ref_episode_reward([], False) == 0.0 and not t.won
+    assert [m["role"] for m in t.messages] == ["user", "assistant"]
+    assert t.loss_mask.sum() == len(policy.tokenizer.encode("\\boxed{7}"))
+
+
+def test_a_finished_winning_reply_is_stepped(policy, pool):
+    t = play(policy, pool, GUESS, scripted("\\boxed{7}"))
+    assert t.end_reason == "terminated" and t.won and t.reward == ref_episode_reward([1.0], True) == 1.0
+
+
+def test_a_step_timeout_drops_the_play(policy, pool):
+    t = play(policy, pool, HANGS, scripted("\\boxed{7}"))
+    assert t.end_reason == "timeout" and t.dropped and not t.won
+
+
+def test_no_system_turn_by_default(policy, pool, small_tokenizer):
+    t = play(policy, pool, GUESS, scripted("\\boxed{7}"))
+    assert t.messages[0] == {"role": "user", "content": "Say seven."}
+    assert all(m["role"] != "system" for m in t.messages)
+    first = small_tokenizer.apply_chat_template([{"role": "user", "content": "Say seven."}])
+    assert t.tokens[: len(first)].tolist() == first
+
+
+# ---------------------------------------------------------------------------- the old rules, as options
+
+def test_old_rules_are_named_options(policy, pool):
+    assert play(policy, pool, RAISES, scripted("\\boxed{7}"), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, step_error_reward=0.0)).reward == 0.0
+    cut = play(policy, pool, GUESS, scripted("\\boxed{7}", finished=False), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, step_cut_replies=True))
+    assert cut.end_reason == "terminated" and cut.reward == 1.0 and cut.won
+    hung = play(policy, pool, HANGS, scripted("\\boxed{7}"), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, score_timeouts=True, timeout_penalty=-0.5))
+    assert hung.end_reason == "timeout" and not hung.dropped and hung.reward == -0.5
+    system = play(policy, pool, GUESS, scripted("\\boxed{7}"), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, system_prompt="Play well."))
+    assert system.messages[0] == {"role": "system", "content": "Play well."}
+
+
+def test_step_error_reward_is_a_reward():
+    with pytest.raises(ValueError, match="step_error_reward"):
+        AgentConfig(step_error_reward=-2.0)
