@@ -19,7 +19,7 @@ The other three come from the memory plan, not from a compile:
 prints the per-device plan of each (with the same overrides).
 """
 
-from spade_jax.selfplay.config import base_config, parse_arg
+from spade_jax.selfplay.config import base_config, parse_arg, reference_recipe
 
 
 def get_config(arg=None):
@@ -46,18 +46,11 @@ def get_config(arg=None):
     c.designer.num_slots = 48  # the reference plays 24 games per rollout; spare slots for rejected designs
 
     # From the reference (docs/DESIGN.md, reference behaviour): KL 0.005 to the initial policy for
-    # the 30B tool-use recipe; 16 episodes per environment, up to 25 turns; a new pool every 4
-    # rollouts with the designer's reward delayed 4 and auto-scaled; 3 of the 6 skills per
-    # regeneration; environments designed at temperature 0.6, hints written at 0.3. Adam (lr
-    # 1e-6, wd 0.1, betas 0.9/0.98) and the clip range 0.2/0.28 are the base config's defaults.
+    # the 30B tool-use recipe; the schedule and sampling of the published recipe
+    # (`reference_recipe`). Adam (lr 1e-6, wd 0.1, betas 0.9/0.98) and the clip range 0.2/0.28
+    # are the base config's defaults.
     c.rl.kl_coef = 0.005
-    c.agent.max_turns = 25
-    c.designer.regeneration_period = 4
-    c.designer.reward_delay = 4
-    c.designer.reward.scaling = "auto"
-    c.designer.skills_per_regeneration = 3
-    c.designer.temperature = 0.6
-    c.hints.temperature = 0.3
+    reference_recipe(c)
 
     c.sandbox.num_workers = 64
     if arg.runlocal:

@@ -9,12 +9,12 @@ be a multiple of data x fsdp. Compiled for v4-64 ahead of time (bench/aot_tpu.py
 peaks at 18.0 GiB of 32 per chip with whole layers recomputed; (2, 16, 1) needs 40 GiB.
 """
 
-from spade_jax.selfplay.config import base_config, parse_arg
+from spade_jax.selfplay.config import base_config, parse_arg, reference_recipe
 
 
 def get_config(arg=None):
     arg = parse_arg(arg, runlocal=False)
-    c = base_config()
+    c = reference_recipe(base_config())  # the published recipe's schedule and sampling
     c.num_iterations = 200
     c.model.dtype = "bfloat16"
     c.mesh.shape = (1, -1, 1)

@@ -21,7 +21,6 @@ def get_config(arg=None):
     c.designer.prompt.doc_max_words = 300
     c.designer.max_new_tokens = 1024
     c.designer.temperature = 0.7
-    c.designer.prompt.exemplar_max_lines = 40
     c.agent.episodes_per_env = 8
     c.agent.max_new_tokens = 256
     c.agent.context_budget = 2048

@@ -19,6 +19,7 @@ Mesh (data, fsdp, tensor): (-1, 1, 1), every CPU device on the data axis.
 
 import dataclasses
 
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
 from spade_jax.bootstrap import BootstrapConfig
 from spade_jax.envs import library
 from spade_jax.selfplay.config import base_config, parse_arg, section
@@ -40,10 +41,14 @@ def get_config(arg=None):
         c.bootstrap = section(BootstrapConfig, exclude=("prompt",), cache_dir="",
                               **{k: v for k, v in dataclasses.asdict(boot).items() if k != "prompt"})
 
-    # What the bootstrap was trained for: its prompt sizes, turns and hints.
+    # What the bootstrap was trained for: its prompt sizes, turns, the agent's system prompt and
+    # hints. Its policy cannot write hints from source, so hints are the rule-derived strategy
+    # hints its hinted transcripts show (`agent/strategy.py`: strategy and answer format, never
+    # an instance's answer).
     c.designer.prompt.update(dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
-    c.hints.mode = "solution"
+    c.agent.system_prompt = AGENT_SYSTEM_PROMPT
+    c.hints.mode = boot.hint_mode
     # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
     # repertoire is its training renderings, so at a lower threshold its admission collapses after
     # the first design round, from near-repeats of earlier designs (bench/designer_repeats.py).
@@ -57,8 +62,9 @@ def get_config(arg=None):
     c.agent.max_new_tokens = 48
     c.agent.context_budget = 1024
     c.agent.replay_envs = 2
-    # Design every 2 iterations and score a design on both iterations of its pool (the
-    # reference regenerates every 4 and delays by 4: with 10 iterations that is 3 designs);
+    # Design every 2 iterations and train a design 2 iterations later on the plays of both
+    # iterations of its pool (the reference's recipe regenerates every 4 and delays by 4: with 10
+    # iterations that is 3 designs);
     # two updates per batch so the PPO ratio moves; lr 1e-4, large enough to move a small model
     # trained from scratch within ten iterations (1e-5 does not).
     c.designer.regeneration_period = 2
@@ -85,7 +91,7 @@ def get_config(arg=None):
         c.agent.context_budget = 768
         c.agent.replay_envs = 1
         c.designer.regeneration_period = 1
-        c.designer.reward_delay = 1
+        c.designer.reward_delay = 0  # the reference's default: a design trained in its own iteration
         c.rl.updates_per_iteration = 1
         c.rl.row_length = 2048
         c.rl.micro_batch_rows = 0

@@ -46,7 +46,7 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.agent, "rows", 0), "agent: rows"),
         (lambda c: setattr(c.agent, "refill_fraction", 0.0), "agent: refill_fraction"),
         (lambda c: setattr(c.designer, "reward_delay", 5), "designer.reward_delay"),
-        (lambda c: setattr(c.designer, "reward_delay", 0), "designer.reward_delay"),
+        (lambda c: setattr(c.designer, "reward_delay", -1), "designer.reward_delay"),
         (lambda c: setattr(c.memory, "heldout", ("chess",)), "memory.heldout"),
         (lambda c: setattr(c.designer.prompt, "doc_max_words", 0), "doc_max_words"),
         (lambda c: setattr(c.hints, "mode", "psychic"), "hints"),
@@ -152,8 +152,9 @@ def test_a_preset_cannot_set_a_field_that_does_not_exist():
     c.designer.prompt.doc_max_words = 300
 
 
-@pytest.mark.parametrize("period, delay, ok", [(4, 4, True), (4, 1, True), (1, 1, True), (1, 2, False), (4, 5, False)])
-def test_reward_delay_counts_iterations_of_play_as_the_reference_does(period, delay, ok):
+@pytest.mark.parametrize("period, delay, ok", [(4, 4, True), (4, 0, True), (1, 1, True), (1, 0, True), (1, 2, False),
+                                              (4, 5, False), (4, -1, False)])
+def test_reward_delay_counts_iterations_after_the_design_as_the_reference_does(period, delay, ok):
     config = _preset("tiny")
     config.designer.regeneration_period, config.designer.reward_delay = period, delay
     config.rl.micro_batch_rows = 4

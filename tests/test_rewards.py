@@ -69,7 +69,7 @@ def test_plateau(p, expected):
 def _stats(win_rate, regret, mean_abs_advantage=0.0):
     return R.EnvStats(n_plain=16, n_hinted=16, win_rate=win_rate, mean_plain=win_rate,
                       mean_hinted=win_rate + regret, hinted_win_rate=win_rate + regret,
-                      regret=regret, mean_abs_advantage=mean_abs_advantage)
+                      regret=regret, mean_abs_advantage=mean_abs_advantage, window_regret=regret)
 
 
 def test_blend_reward_by_hand():
@@ -111,7 +111,7 @@ def test_learning_potential_is_the_distance_from_the_skill_slow_average_updated_
     averages = R.update_learning_potentials({}, ["logic", "logic", "math", "math"], [g1, g2, None, None], cfg)
     assert averages == {"logic": R.SkillRewardAverages(0.625, 0.625)}
     rewards = R.designer_rewards([g1, g2, None], cfg, baselines=[0.625, 0.625, None])
-    np.testing.assert_allclose(rewards, [0.625, 5 / 6 - 0.625, -1.0])
+    np.testing.assert_allclose(rewards, [0.625, 5 / 6 - 0.625, 0.0])  # unplayed: the reference's "no data"
     # second update with mean 0.25: slow 0.15 * 0.625 + 0.85 * 0.25, fast 0.02 * 0.625 + 0.98 * 0.25
     g3 = R.env_stats([0.0, 1.0, 0.0, 0.0])
     averages = R.update_learning_potentials(averages, ["logic", "optimization"], [g3, other], cfg)
@@ -149,7 +149,8 @@ def test_micro_lp_leaves_out_plays_of_unknown_iteration():
 
 
 def test_designer_reward_scale():
-    assert R.designer_reward_scale(R.DesignerRewardConfig(), 24, 192, 4) == 1.0
+    assert R.designer_reward_scale(R.DesignerRewardConfig(), 24, 192, 4) == 32.0  # "auto", the reference's
+    assert R.designer_reward_scale(R.DesignerRewardConfig(scaling="none"), 24, 192, 4) == 1.0
     assert R.designer_reward_scale(R.DesignerRewardConfig(scaling="fixed", scale=3.0), 24, 192, 4) == 3.0
     auto = R.DesignerRewardConfig(scaling="auto")
     assert R.designer_reward_scale(auto, 24, 192, 4) == 32.0  # the paper's schedule
@@ -160,13 +161,18 @@ def test_designer_reward_scale():
 
 
 def test_failures_get_penalty_and_batch_function():
-    cfg = R.DesignerRewardConfig(kind="sfl", failure_penalty=-0.7)
+    cfg = R.DesignerRewardConfig(kind="sfl", failure_penalty=-0.7, rejected="penalty")
     out = R.designer_rewards([_stats(0.5, 0.0), None, _stats(0.1, 0.0)], cfg)
     np.testing.assert_allclose(out, [0.25, -0.7, 0.09])
-    assert R.designer_reward(None) == -1.0
-    assert R.designer_reward(None, rejected_at="novelty") == -0.25
-    assert R.designer_reward(None, R.DesignerRewardConfig(duplicate_penalty=-0.5), "novelty") == -0.5
+    penalty = R.DesignerRewardConfig(rejected="penalty")
+    assert R.designer_reward(None, penalty) == -1.0
+    assert R.designer_reward(None, penalty, rejected_at="novelty") == -0.25
+    assert R.designer_reward(None, R.DesignerRewardConfig(duplicate_penalty=-0.5, rejected="penalty"), "novelty") == -0.5
     np.testing.assert_allclose(R.designer_rewards([None, None], cfg, ["novelty", "contract"]), [-0.25, -0.7])
+    # the reference ("drop"): an admitted program without plays is "no data", a rejected one is not scored
+    assert R.designer_reward(None) == 0.0
+    with pytest.raises(ValueError, match="no reward"):
+        R.designer_reward(None, rejected_at="contract")
 
 
 def test_config_validation():

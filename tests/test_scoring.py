@@ -62,7 +62,8 @@ def test_agent_metrics_and_sequences():
 def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
     due = [_pending("a"), _pending(None, stage="feasibility"), _pending("gone", skill="optimization")]
-    scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(), weight=0.5)
+    penalty = DesignerRewardConfig(rejected="penalty", scaling="none", lone_skill_to_batch_mean=True)
+    scores = scoring.designer_scores(due, {"a": stats}, penalty, weight=0.5)
     # blend: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(win rate 0) = 0.4; no environment: -1
     np.testing.assert_allclose(scores.rewards, [0.4, -1.0, -1.0])
     assert scores.by_env_id == {"a": pytest.approx(0.4), "gone": -1.0}
@@ -73,9 +74,12 @@ def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     assert all(s.weight == 0.5 and s.role == "designer" for s in scores.sequences)
     assert scoring.designer_scores([], {}, DesignerRewardConfig(), weight=1.0).sequences == []
     # a near-duplicate (rejected at novelty) is graded apart from a broken program
-    graded = scoring.designer_scores([_pending(None), _pending(None, stage="load")], {}, DesignerRewardConfig(),
-                                     weight=1.0)
+    graded = scoring.designer_scores([_pending(None), _pending(None, stage="load")], {}, penalty, weight=1.0)
     np.testing.assert_allclose(graded.rewards, [-0.25, -1.0])
+    # the reference ("drop"): rejected samples leave the update, an admitted one without plays scores 0
+    dropped = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(scaling="none"), weight=0.5)
+    np.testing.assert_allclose(dropped.rewards, [0.4, 0.0])
+    assert dropped.by_env_id == {"a": pytest.approx(0.4), "gone": 0.0}
 
 
 def test_env_statistics_give_the_micro_lp_of_the_plain_plays_by_iteration():
@@ -88,7 +92,7 @@ def test_env_statistics_give_the_micro_lp_of_the_plain_plays_by_iteration():
 
 
 def test_learning_potential_scores_carry_the_skill_averages_between_scorings():
-    cfg = DesignerRewardConfig(kind="learning_potential")
+    cfg = DesignerRewardConfig(kind="learning_potential", rejected="penalty")
     stats = scoring.env_statistics([
         _env("a", [(1, 0.0), (2, 0.0)], []),
         _env("b", [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.0), (5, 1.0), (6, 1.0)], []),
@@ -115,13 +119,13 @@ def test_designer_scores_scale_the_centred_rewards():
     (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
     due = [_pending("a"), _pending(None, stage="feasibility")]
     # auto: 8 agent sequences / 2 designer samples * period 3 = 12; centred (0.4, -1) -> (0.7, -0.7)
-    scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(scaling="auto"), weight=1.0,
+    scores = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(rejected="penalty"), weight=1.0,
                                      n_agent_sequences=8, regeneration_period=3)
     assert scores.scale == 12.0
     np.testing.assert_allclose([s.advantage for s in scores.sequences], [8.4, -8.4])
     np.testing.assert_allclose(scores.rewards, [0.4, -1.0])  # the rewards themselves are not scaled
-    unscaled = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(), weight=1.0,
-                                       n_agent_sequences=8, regeneration_period=3)
+    unscaled = scoring.designer_scores(due, {"a": stats}, DesignerRewardConfig(rejected="penalty", scaling="none"),
+                                       weight=1.0, n_agent_sequences=8, regeneration_period=3)
     assert unscaled.scale == 1.0
     np.testing.assert_allclose([s.advantage for s in unscaled.sequences], [0.7, -0.7])
 

@@ -102,7 +102,8 @@ def test_hint_that_carries_the_strategy_gives_positive_regret(pool, small_tokeni
     assert 0.0 < stats.win_rate < 0.5
     assert stats.regret == pytest.approx(1.0 - stats.win_rate)
     hinted = next(t for t in trajectories if t.hinted)
-    assert "HINT: " + HINT_MARK in hinted.messages[1]["content"]
+    first_user = next(m for m in hinted.messages if m["role"] == "user")
+    assert "HINT: " + HINT_MARK in first_user["content"]
     # the trained tokens are exactly the reply the agent produced
     assert small_tokenizer.decode(hinted.tokens[hinted.loss_mask]).startswith("\\boxed{")
 
@@ -154,6 +155,7 @@ def _run_loop(c, workdir, tokenizer):
 
 def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokenizer):
     c = tiny_selfplay_config()
+    c.designer.reward.rejected = "penalty"  # the random policy's designs fail admission: train on them anyway
     policy = _tiny_policy(c, small_tokenizer)
     before = jax.tree.map(np.asarray, policy.model.embed_VD[...])
     run = loop.SelfPlay(c, str(tmp_path), policy=policy)
@@ -168,16 +170,17 @@ def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokeniz
     assert rejected == 2 - metrics["designer/admitted"]
     # the replayed seed environments: per skill and apart from new designs
     assert metrics["env/replayed"] == 2 and any(k.startswith("skill/") for k in metrics)
-    # agent episodes: 2 replayed seed environments x (2 plain + 2 hinted)
-    assert metrics["agent/episodes"] == 8
+    # agent episodes: 2 replayed seed environments x 2 plain (replays are not hinted: the
+    # reference plays hints only for the designs of a regeneration step)
+    assert metrics["agent/episodes"] == 4
     # one update applied over designer and agent tokens
     assert metrics["train/tokens"] > 0 and metrics["train/designer_tokens"] > 0
     assert not np.allclose(before, np.asarray(policy.model.embed_VD[...]))
     # memory updated: the replayed seeds now carry measured statistics
     measured = [r for r in run.memory.records() if r.measured]
     assert len(measured) == 2
-    numbers = [v for k, v in metrics.items() if not k.startswith("agent/hinted") and isinstance(v, float)]
-    assert all(math.isfinite(v) for v in numbers), metrics
+    numbers = {k: v for k, v in metrics.items() if not k.startswith("agent/hinted") and isinstance(v, float)}
+    assert all(math.isfinite(v) for v in numbers.values()), {k: v for k, v in numbers.items() if not math.isfinite(v)}
     assert (tmp_path / "gallery" / "index.html").exists() and (tmp_path / "checkpoints" / "1").exists()
 
 
@@ -198,6 +201,7 @@ def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer
 
     c = tiny_selfplay_config()
     c.designer.self_review = True
+    c.hints.mode = "resample"
     c.agent.replay_envs = 0
     monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
     calls = []
@@ -209,15 +213,16 @@ def test_self_review_keeps_or_rejects_new_environments(tmp_path, small_tokenizer
     monkeypatch.setattr(loop, "review", scripted_review)
     (metrics,), run = _run_loop(c, tmp_path, small_tokenizer)
     (programs, transcripts), = calls
-    assert len(programs) == 2 and all(t[1]["role"] == "user" for t in transcripts)
+    assert len(programs) == 2 and all(any(m["role"] == "user" for m in t) for t in transcripts)
     assert metrics["designer/review_rejected"] == (0 if kept else 2)
     # episodes of rejected environments are neither trained on nor counted
     assert metrics["agent/episodes"] == (8 if kept else 0)
-    # rejected designs earn the failure penalty; kept ones are measured and remembered
+    # rejected designs leave the designer's update (designer.reward.rejected="drop"); kept ones
+    # are measured and remembered
     if kept:
         assert metrics["designer/reward_mean"] > -1.0 and len(run.memory) == 17 + 2
     else:
-        assert metrics["designer/reward_mean"] == -1.0 and len(run.memory) == 17
+        assert "designer/reward_mean" not in metrics and len(run.memory) == 17
     lines = [e for e in run_log(tmp_path) if e.slot is not None]
     assert {e.admitted for e in lines} == {kept}
     assert all((e.stage == "self_review") != kept for e in lines)
@@ -288,6 +293,7 @@ def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_pa
     from spade_jax.designer.prompts import designer_answer
 
     c = tiny_selfplay_config()
+    c.hints.mode = "resample"  # hinted plays whatever the random policy writes as a hint
     programs = [KILLS_ITS_WORKER, ATTACKS_THE_HOST]
     real_propose = loop.propose
 
@@ -334,11 +340,14 @@ def test_a_delayed_designer_reward_scores_the_designs_on_every_iteration_of_thei
     c.num_iterations = 2
     c.designer.regeneration_period, c.designer.reward_delay = 2, 2
     c.agent.replay_envs = 0
+    c.hints.mode = "resample"
     monkeypatch.setattr(loop, "admit_samples", _admit_everything_as(library.load_source("arithmetic")))
     (first, second), run = _run_loop(c, tmp_path, small_tokenizer)
     assert "designer/reward_mean" not in first and first["train/designer_tokens"] == 0  # not due yet
-    assert first["agent/episodes"] == second["agent/episodes"] == 2 * 2 * 2  # the same pool, played again
-    assert second["designer/reward_mean"] > -1.0 and second["train/designer_tokens"] > 0  # scored, not penalised
+    # the same pool played again, hinted only in the iteration it was designed
+    assert first["agent/episodes"] == 2 * (2 + 2) and second["agent/episodes"] == 2 * 2
+    # due at 0 + 2, but iteration 1 ends the run: flushed there on the plays of both iterations
+    assert second["designer/reward_mean"] > -1.0 and second["train/designer_tokens"] > 0
     scored = {e.env_id: e.designer_reward for e in run_log(tmp_path) if e.designer_reward is not None}
     assert scored == {"it0000-slot00": pytest.approx(second["designer/reward_mean"]),
                       "it0000-slot01": pytest.approx(second["designer/reward_mean"])}
@@ -352,6 +361,7 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
     else:
         c.designer.train = False
         c.memory.enabled = False
+        c.memory.positive_fallback = True  # with memory on, unmeasured seeds would be shown
         c.corpus.enabled = False
         c.corpus.paths = ("/nonexistent/corpus.jsonl",)  # never read
     prompts = []
@@ -364,12 +374,13 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
 
     monkeypatch.setattr(loop, "propose", recording_propose)
     (metrics,), run = _run_loop(c, tmp_path, small_tokenizer)
-    assert metrics["agent/episodes"] == 8 and metrics["train/tokens"] > 0  # 2 replays x (2 plain + 2 hinted)
+    assert metrics["agent/episodes"] == 4 and metrics["train/tokens"] > 0  # 2 replays x 2 plain
     if switch == "no_designer":
         assert prompts == [] and "designer/proposed" not in metrics and metrics["train/designer_tokens"] == 0
     else:
         assert len(prompts) == metrics["designer/proposed"] == 2 and metrics["train/designer_tokens"] == 0
-        assert all("reference_document" not in p and "designed before" not in p for p in prompts)
+        assert all("reference_document" not in p and "EXAMPLE_ENVIRONMENTS" not in p
+                   and "Do not design environments like these" not in p for p in prompts)
 
 
 def test_held_out_seed_programs_stay_out_of_memory(tmp_path, small_tokenizer):

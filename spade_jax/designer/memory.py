@@ -297,6 +297,10 @@ class EnvironmentMemory:
                              env_id=SEED_ID_PREFIX + name, is_seed=True)
         return env_id
 
+    def set_designer_reward(self, env_id: str, designer_reward: float) -> None:
+        """The designer reward of a record scored after its pool ended (a reward delay)."""
+        self.get(env_id).designer_reward = _clean_float("designer_reward", designer_reward)
+
     def update(self, env_id: str, *, iteration: int, win_rate, mean_plain, mean_hinted,
                regret, designer_reward=None, plain_wins=()) -> EnvRecord:
         """Records a replay: the new plain play outcomes ``plain_wins`` are appended,

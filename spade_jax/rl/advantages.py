@@ -3,8 +3,8 @@
 Designer: its rewards centred per skill (`designer_advantages`): each program's reward
 minus the mean reward of the designer samples of the same skill in this batch, not
 divided by the std (the reference's "centred, not normalised"), then multiplied by the
-designer's reward scale (`rewards.designer_reward_scale`); a sample alone in its skill is
-centred on the batch mean instead (its own mean would make it exactly 0).
+designer's reward scale (`rewards.designer_reward_scale`); a sample alone in its skill gets
+0, as in the reference (an option centres it on the batch mean instead).
 
 Agent: per-environment z-score of the plain episodes' rewards (`agent_advantages`).
 Hinted episodes are not trained on by default; with ``train_hinted`` they get
@@ -39,20 +39,22 @@ def center_by_group(values, groups: Sequence[Hashable]) -> np.ndarray:
     return v - means[ids]
 
 
-def designer_advantages(rewards, skills: Sequence[str], scale: float = 1.0) -> np.ndarray:
+def designer_advantages(rewards, skills: Sequence[str], scale: float = 1.0, *,
+                        lone_to_batch_mean: bool = False) -> np.ndarray:
     """Designer rewards centred per skill (subtract the skill group's mean, no std division),
     times ``scale`` (the reference applies its env reward scale after the centring).
 
-    Every designer sample of the batch counts in its skill's mean, admission failures
-    included, since they are samples of the same prompt distribution. A sample that is the
-    only one of its skill (8 slots over 6 skills leave some) is centred on the mean of the
-    whole batch, so it still gets a gradient; a batch of one sample gets 0.
+    Every designer sample of the batch counts in its skill's mean. A sample that is the only
+    one of its skill gets 0, as in the reference (delayed_env_rewards.py, per-skill centring);
+    ``lone_to_batch_mean`` centres it on the mean of the whole batch instead, so it still gets
+    a gradient (8 slots over 6 skills leave some alone; a batch of one sample gets 0).
     """
     v = np.asarray(rewards, dtype=np.float64)
     advantages = center_by_group(v, skills)
-    ids, _ = _group_index(skills)
-    alone = np.bincount(ids)[ids] == 1
-    advantages[alone] = v[alone] - v.mean()
+    if lone_to_batch_mean:
+        ids, _ = _group_index(skills)
+        alone = np.bincount(ids)[ids] == 1
+        advantages[alone] = v[alone] - v.mean()
     return advantages * scale
 
 

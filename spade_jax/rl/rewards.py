@@ -23,6 +23,10 @@ from spade_jax.envs.contract import SUCCESS_REWARD, is_success
 DESIGNER_REWARD_KINDS = ("blend", "regret", "learnability", "sfl", "mean_abs_advantage", "learning_potential",
                          "micro_lp")
 REWARD_SCALINGS = ("none", "auto", "fixed")
+WIN_RATE_RULES = ("mean_reward", "success_share")
+REGRET_PLAYS = ("regeneration", "pooled")
+REJECTED_RULES = ("drop", "penalty")
+STEP_TIMEOUT_PENALTY = -0.5  # the reference's designer reward for a program whose step timed out
 
 
 def wins(rewards) -> np.ndarray:
@@ -34,11 +38,14 @@ def wins(rewards) -> np.ndarray:
 class EnvStats:
     """Statistics of one environment's episodes.
 
-    win_rate, mean_plain and mean_abs_advantage are over all plain episodes, mean_hinted
-    and hinted_win_rate over all hinted ones (NaN when there are none); regret is over
-    the matched plays only (see `env_stats`) and is 0 without hinted episodes; gap is the
-    same difference unclipped (NaN without matched plays: how often a hint hurts shows here);
-    micro_lp is `micro_lp` of the plain episodes (0 when their iterations are unknown).
+    win_rate (the share of plays with reward >= 1), mean_plain, plain_var and
+    mean_abs_advantage are over all plain episodes, mean_hinted and hinted_win_rate over
+    all hinted ones (NaN when there are none); regret is over the matched plays only (see
+    `env_stats`) and is 0 without hinted episodes; gap is the same difference unclipped
+    (NaN without matched plays: how often a hint hurts shows here); window_regret is
+    ``max(0, mean R_hint - mean R_plain)`` with every plain play counted (the reference's
+    `regret` kind under a delay); micro_lp is `micro_lp` of the plain episodes (0 when their
+    iterations are unknown); timed_out: a play of it was dropped because a step timed out.
     """
 
     n_plain: int
@@ -51,6 +58,9 @@ class EnvStats:
     mean_abs_advantage: float
     micro_lp: float = 0.0
     gap: float = float("nan")
+    window_regret: float = 0.0
+    plain_var: float = 0.0
+    timed_out: bool = False
 
 
 def micro_lp(rewards, iterations) -> float:
@@ -75,15 +85,20 @@ def micro_lp(rewards, iterations) -> float:
 
 
 def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
-              hinted_seeds=None, plain_iterations=None) -> EnvStats:
+              hinted_seeds=None, plain_iterations=None, hinted_iterations=None,
+              regret_iteration: int | None = None, timed_out: bool = False) -> EnvStats:
     """Statistics of one environment from its plain and hinted episode rewards.
 
     Regret is ``max(0, mean R_hint - mean R_plain)`` over matched plays: when seeds are
     given, only episodes whose seed occurs in both sets count towards the regret (so an
     episode lost on one side does not bias it); without seeds both sets are taken as
-    matched as they are. ``mean_abs_advantage`` is ``mean |R - mean R|`` over the plain
-    episodes (see `designer_reward`). ``plain_iterations``: the iteration each plain episode
-    was played in (None for unknown), for ``micro_lp``.
+    matched as they are. With ``regret_iteration`` (the reference under a reward delay:
+    the regeneration step) only the plays of that iteration are matched, and the hinted
+    mean of that iteration also gives ``window_regret`` against every plain play; without
+    it every play is pooled and ``window_regret`` equals the regret. ``mean_abs_advantage``
+    is ``mean |R - mean R|`` over the plain episodes (see `designer_reward`).
+    ``plain_iterations`` / ``hinted_iterations``: the iteration each episode was played in
+    (None for unknown), for ``micro_lp`` and ``regret_iteration``.
     """
     plain = np.atleast_1d(np.asarray(plain_rewards, dtype=np.float64))
     hinted = np.atleast_1d(np.asarray(hinted_rewards, dtype=np.float64))
@@ -91,17 +106,29 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
         raise ValueError("env_stats needs at least one plain episode reward")
     if (plain_seeds is None) != (hinted_seeds is None):
         raise ValueError("give both plain_seeds and hinted_seeds, or neither")
+    ps = None if plain_seeds is None else np.asarray(plain_seeds)
+    hs = None if hinted_seeds is None else np.asarray(hinted_seeds)
+    if ps is not None and (ps.shape != plain.shape or hs.shape != hinted.shape):
+        raise ValueError("seeds must have one entry per episode reward")
+    p_keep, h_keep = np.ones(plain.size, bool), np.ones(hinted.size, bool)
+    if regret_iteration is not None:
+        if plain_iterations is None or hinted_iterations is None:
+            raise ValueError("regret_iteration needs plain_iterations and hinted_iterations")
+        p_keep = np.array([i == regret_iteration for i in plain_iterations], bool).reshape(plain.shape)
+        h_keep = np.array([i == regret_iteration for i in hinted_iterations], bool).reshape(hinted.shape)
     mean_plain = float(plain.mean())
     gap = float("nan")
-    if hinted.size:
-        p_match, h_match = plain, hinted
-        if plain_seeds is not None:
-            ps, hs = np.asarray(plain_seeds), np.asarray(hinted_seeds)
-            if ps.shape != plain.shape or hs.shape != hinted.shape:
-                raise ValueError("seeds must have one entry per episode reward")
-            p_match, h_match = plain[np.isin(ps, hs)], hinted[np.isin(hs, ps)]
+    if h_keep.any():
+        p_match, h_match = plain[p_keep], hinted[h_keep]
+        if ps is not None:
+            p_match = plain[p_keep & np.isin(ps, hs[h_keep])]
+            h_match = hinted[h_keep & np.isin(hs, ps[p_keep])]
         if p_match.size and h_match.size:
             gap = float(h_match.mean()) - float(p_match.mean())
+    regret = max(0.0, gap) if np.isfinite(gap) else 0.0
+    window_regret = regret
+    if regret_iteration is not None and h_keep.any():
+        window_regret = max(0.0, float(hinted[h_keep].mean()) - mean_plain)
     return EnvStats(
         n_plain=int(plain.size),
         n_hinted=int(hinted.size),
@@ -109,10 +136,13 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
         mean_plain=mean_plain,
         mean_hinted=float(hinted.mean()) if hinted.size else float("nan"),
         hinted_win_rate=float(wins(hinted).mean()) if hinted.size else float("nan"),
-        regret=max(0.0, gap) if np.isfinite(gap) else 0.0,
+        regret=regret,
         mean_abs_advantage=float(np.abs(plain - mean_plain).mean()),
         micro_lp=micro_lp(plain, plain_iterations) if plain_iterations is not None else 0.0,
         gap=gap,
+        window_regret=window_regret,
+        plain_var=float(plain.var()),
+        timed_out=bool(timed_out),
     )
 
 
@@ -120,11 +150,41 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
 class DesignerRewardConfig:
     """Which designer reward to use, its constants, and the scale of the designer's advantages.
 
+    The defaults are the reference's rules (spade-rl/spade, `delayed_env_rewards.py`,
+    `env_rewards.py`); each deliberate difference is an option with the reference's value first.
+
     kind: one of DESIGNER_REWARD_KINDS (see `designer_reward`). blend = regret_weight *
-    clip(regret / regret_scale, 0, 1) + plateau_weight * plateau(win_rate). failure_penalty:
-    reward of a program that was not admitted (no environment, so no statistics);
-    duplicate_penalty: reward of one rejected only as a near-duplicate (it passed every other
-    stage, so it is graded apart from a broken program).
+    clip(regret / regret_scale, 0, 1) + plateau_weight * plateau(win rate).
+
+    win_rate: what the plateau (and learnability, sfl) read as the win rate: "mean_reward",
+    the mean plain reward (the reference), or "success_share", the share of plays with
+    reward >= 1 (equal for 0/1 rewards; spade_jax's earlier rule).
+
+    regret_plays: which plays give the regret. "regeneration" (the reference): hinted plays
+    are played only in an environment's first iteration in the pool, and the regret matches
+    them with that iteration's plain plays; kind "regret" subtracts the mean of every plain
+    play of the window instead. "pooled": hinted plays every iteration, all plays of the
+    window pooled and matched (spade_jax's earlier rule; K more episodes per environment and
+    iteration).
+
+    timeout_penalty: the raw reward of a program one of whose plays was dropped because a
+    step timed out, for kind "regret", and for "blend" scored without a delay (the reference
+    scores both through its undelayed regret path; its delayed blend has no override).
+    blend_without_delay: with ``designer.reward_delay`` 0 the reference scores kind "blend" as
+    floored regret (its undelayed path has no blend); True applies the blend formula there.
+
+    rejected: what a program that was not admitted trains on. "drop" (the reference: a
+    broken program never enters the designer's update), or "penalty": its raw reward is
+    ``failure_penalty``, or ``duplicate_penalty`` for one rejected only as a near-duplicate
+    (it passed every other stage, so it is graded apart from a broken program).
+
+    lone_skill_to_batch_mean: a designer sample alone in its skill has advantage 0 in the
+    reference (centred on itself); True centres it on the batch mean instead
+    (`advantages.designer_advantages`), spade_jax's earlier rule.
+
+    solver_variance: kind "learning_potential" adds the reference's solver-variance reward
+    ``exp(-(var R - 0.25)^2 / 0.02)`` of the plain rewards (over more than one play when
+    delayed).
 
     lp_gamma_fast, lp_gamma_slow: the weights of the newest value in the fast and slow moving
     averages of each skill's mean reward (kind "learning_potential"; the reference's
@@ -134,12 +194,10 @@ class DesignerRewardConfig:
 
     scaling: how the designer's advantages (rewards centred per skill) are multiplied, to
     balance the few designer samples, trained once per pool, against the agent's many:
-    "none" (x1, the reference's variant 0), "auto" (the reference's variant 1:
-    ``min(max_scale, agent sequences / designer samples * regeneration_period)`` of the
-    update they enter, 1 when either count is 0; 192 / 24 * 4 = 32 on the paper's schedule)
-    or "fixed" (x ``scale``). The default here is "none", which keeps earlier runs unchanged
-    and leaves the balance of the two roles to ``rl.designer_weight``; the reference's
-    default is "auto" with ``max_scale`` 50.
+    "auto" (the reference's default, its variant 1: ``min(max_scale, agent sequences /
+    designer samples * regeneration_period)`` of the update they enter, 1 when either count
+    is 0; 192 / 24 * 4 = 32 on the paper's schedule), "none" (x1, the reference's variant 0)
+    or "fixed" (x ``scale``).
     """
 
     kind: str = "blend"
@@ -149,11 +207,18 @@ class DesignerRewardConfig:
     plateau_low: float = 0.4
     plateau_high: float = 0.6
     plateau_ramp: float = 0.25
+    win_rate: str = "mean_reward"
+    regret_plays: str = "regeneration"
+    timeout_penalty: float = STEP_TIMEOUT_PENALTY
+    blend_without_delay: bool = False
+    rejected: str = "drop"
     failure_penalty: float = -1.0
     duplicate_penalty: float = -0.25
+    solver_variance: bool = False
+    lone_skill_to_batch_mean: bool = False
     lp_gamma_fast: float = 0.98
     lp_gamma_slow: float = 0.85
-    scaling: str = "none"
+    scaling: str = "auto"
     scale: float = 1.0
     max_scale: float = 50.0
 
@@ -172,6 +237,10 @@ class DesignerRewardConfig:
             raise ValueError(f"designer reward scaling {self.scaling!r} is unknown; choose one of {REWARD_SCALINGS}")
         if self.scale <= 0 or self.max_scale <= 0:
             raise ValueError("scale and max_scale must be > 0")
+        for name, allowed in (("win_rate", WIN_RATE_RULES), ("regret_plays", REGRET_PLAYS),
+                              ("rejected", REJECTED_RULES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"designer reward {name} {getattr(self, name)!r} is unknown; choose one of {allowed}")
 
 
 def plateau(win_rate, low: float = 0.4, high: float = 0.6, ramp: float = 0.25):
@@ -211,7 +280,7 @@ def update_learning_potentials(averages: Mapping[str, SkillRewardAverages], skil
     """
     pooled: dict[str, list[float]] = {}
     for skill, s in zip(skills, stats):
-        if s is not None:
+        if s is not None and s.n_plain:
             total = pooled.setdefault(skill, [0.0, 0])
             total[0] += s.mean_plain * s.n_plain
             total[1] += s.n_plain
@@ -236,14 +305,34 @@ def designer_reward_scale(cfg: DesignerRewardConfig, n_designer: int, n_agent: i
     return float(min(n_agent / n_designer * regeneration_period, cfg.max_scale))
 
 
-def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = DesignerRewardConfig(),
-                    rejected_at: str | None = None, *, baseline: float | None = None) -> float:
-    """Designer reward of one program; ``None`` stats mean the program was not played, and
-    ``rejected_at`` names the admission stage that rejected it ("novelty": the duplicate penalty).
+def solver_variance_reward(variance: float) -> float:
+    """The reference's solver-variance reward: a bump of width 0.1 at a reward variance of 0.25
+    (the variance of a fair 0/1 coin)."""
+    return float(np.exp(-((variance - 0.25) ** 2) / (2 * 0.01)))
 
-    Variants (p = plain win rate):
-      blend: see DesignerRewardConfig.
-      regret: the regret itself.
+
+def win_rate(stats: EnvStats, cfg: DesignerRewardConfig) -> float:
+    """The win rate the designer reward reads (``cfg.win_rate``)."""
+    return float(stats.mean_plain if cfg.win_rate == "mean_reward" else stats.win_rate)
+
+
+def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = DesignerRewardConfig(),
+                    rejected_at: str | None = None, *, baseline: float | None = None,
+                    delayed: bool = True) -> float:
+    """Raw designer reward of one program.
+
+    ``stats`` None: the program has no played environment; ``rejected_at`` names the
+    admission stage that rejected it (None: admitted, but every play failed). Under
+    ``cfg.rejected == "drop"`` (the reference) a rejected program is not scored at all
+    (`designer_scores` leaves it out, so asking here is an error) and an admitted one
+    without plays is the reference's "no data": 0. Under "penalty" both are worth the
+    failure penalty ("novelty": the duplicate penalty).
+    ``delayed``: scored under ``designer.reward_delay`` > 0 (the reference's delayed path).
+
+    Variants (p = `win_rate`):
+      blend: see DesignerRewardConfig; without a delay, floored regret unless
+        ``blend_without_delay``.
+      regret: the regret itself (``window_regret`` under a delay, see `env_stats`).
       learnability (Absolute Zero, Zhao et al. 2025): 1 - p if p > 0 else 0.
       sfl (Sampling For Learnability, Rutherford et al. 2024): p (1 - p).
       mean_abs_advantage: mean |R - mean R| over the plain episodes, i.e. the mean
@@ -256,46 +345,62 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
         |z-score| is nearly constant and would carry no signal.
       learning_potential (the reference's): |mean plain R - baseline|, the baseline being
         the slow moving average of the skill's mean reward after this scoring's update
-        (`update_learning_potentials`); it must be given.
+        (`update_learning_potentials`); it must be given. Plus the solver-variance reward
+        with ``cfg.solver_variance``.
       micro_lp (the reference's): the environment's `micro_lp`, its improvement over the
         iterations it was played in.
+      A program whose step timed out gets ``cfg.timeout_penalty`` under "regret", and under
+      "blend" when scored as regret (no delay).
     """
     if stats is None:
+        if cfg.rejected == "drop":
+            if rejected_at is not None:
+                raise ValueError("under designer.reward.rejected='drop' a rejected program has no reward")
+            return 0.0
         return float(cfg.duplicate_penalty if rejected_at == "novelty" else cfg.failure_penalty)
-    p = stats.win_rate
-    if cfg.kind == "blend":
+    kind = cfg.kind
+    if kind == "blend" and not delayed and not cfg.blend_without_delay:
+        kind = "regret"
+    if stats.timed_out and kind == "regret":
+        return float(cfg.timeout_penalty)
+    p = win_rate(stats, cfg)
+    if kind == "blend":
         r = np.clip(stats.regret / cfg.regret_scale, 0.0, 1.0)
         pl = plateau(p, cfg.plateau_low, cfg.plateau_high, cfg.plateau_ramp)
         return float(cfg.regret_weight * r + cfg.plateau_weight * pl)
-    if cfg.kind == "regret":
-        return float(stats.regret)
-    if cfg.kind == "learnability":
+    if kind == "regret":
+        return float(stats.window_regret if delayed else stats.regret)
+    if kind == "learnability":
         return float(1.0 - p) if p > 0 else 0.0
-    if cfg.kind == "sfl":
+    if kind == "sfl":
         return float(p * (1.0 - p))
-    if cfg.kind == "mean_abs_advantage":
+    if kind == "mean_abs_advantage":
         return float(stats.mean_abs_advantage)
-    if cfg.kind == "micro_lp":
+    if kind == "micro_lp":
         return float(stats.micro_lp)
     if baseline is None:
         raise ValueError("designer reward kind 'learning_potential' needs the skill's baseline")
-    return abs(float(stats.mean_plain) - float(baseline))
+    reward = abs(float(stats.mean_plain) - float(baseline))
+    if cfg.solver_variance and (stats.n_plain > 1 or not delayed):
+        reward += solver_variance_reward(stats.plain_var)
+    return reward
 
 
 def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig = DesignerRewardConfig(),
                      rejected_at: Sequence[str | None] | None = None, *,
-                     baselines: Sequence[float | None] | None = None) -> np.ndarray:
+                     baselines: Sequence[float | None] | None = None, delayed: bool = True) -> np.ndarray:
     """`designer_reward` of each designer sample, shape (N,) float64 (None = not played;
     ``rejected_at``: the rejecting stage of each sample, None for an admitted one;
     ``baselines``: each sample's skill baseline, needed by kind "learning_potential")."""
     stages = rejected_at if rejected_at is not None else [None] * len(stats)
     bases = baselines if baselines is not None else [None] * len(stats)
-    return np.array([designer_reward(s, cfg, stage, baseline=b) for s, stage, b in zip(stats, stages, bases)],
-                    dtype=np.float64)
+    return np.array([designer_reward(s, cfg, stage, baseline=b, delayed=delayed)
+                     for s, stage, b in zip(stats, stages, bases)], dtype=np.float64)
 
 
 __all__ = [
-    "DESIGNER_REWARD_KINDS", "REWARD_SCALINGS", "SUCCESS_REWARD", "DesignerRewardConfig",
-    "EnvStats", "SkillRewardAverages", "designer_reward", "designer_reward_scale", "designer_rewards", "env_stats",
-    "micro_lp", "plateau", "update_learning_potentials", "wins",
+    "DESIGNER_REWARD_KINDS", "REGRET_PLAYS", "REJECTED_RULES", "REWARD_SCALINGS", "STEP_TIMEOUT_PENALTY",
+    "SUCCESS_REWARD", "WIN_RATE_RULES", "DesignerRewardConfig", "EnvStats", "SkillRewardAverages", "designer_reward",
+    "designer_reward_scale", "designer_rewards", "env_stats", "micro_lp", "plateau", "solver_variance_reward",
+    "update_learning_potentials", "win_rate", "wins",
 ]

@@ -101,6 +101,28 @@ def from_section(target, cfg: ml_collections.ConfigDict, **overrides: Any):
     return target(**values, **overrides)
 
 
+def reference_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The published training recipe's schedule and sampling (spade-rl/spade,
+    `cmd/games/train_spade_{4b,8b,30b}.sh`) on top of the base config's reference rules: a new
+    pool every 4 iterations with the designer trained 4 later (blend reward, auto scale), 3 of
+    the 6 skills per regeneration, 16 plays per environment of up to 25 turns, environments
+    designed and played at temperature 0.6, hints written at 0.3 with 4096 tokens (the hint
+    defaults). Returns ``c``, edited."""
+    c.designer.regeneration_period = 4
+    c.designer.reward_delay = 4
+    c.designer.reward.kind = "blend"
+    c.designer.reward.scaling = "auto"
+    c.designer.skills_per_regeneration = 3
+    c.designer.temperature = 0.6
+    c.agent.temperature = 0.6
+    c.agent.episodes_per_env = 16
+    c.agent.max_turns = 25
+    c.hints.mode = "self"
+    c.hints.temperature = 0.3
+    c.hints.max_new_tokens = 4096
+    return c
+
+
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -141,9 +163,11 @@ def base_config() -> ml_collections.ConfigDict:
         enabled=True,  # False: no designer at all; the agent plays `agent.replay_envs` environments of memory
         train=True,  # False: the designer designs and is scored, but its tokens are not trained (frozen designer)
         regeneration_period=1,  # design new environments every N iterations; play the pool between
-        # Iterations of play (the design's own included) whose episodes count towards the designer's
-        # reward, 1..regeneration_period; the reference regenerates every 4 and delays by 4.
-        reward_delay=1,
+        # Iterations after its design at which a design is scored and trained, 0..regeneration_period
+        # (the reference's proposer training delay): 0 scores it on its own iteration's plays, d > 0
+        # at iteration d + delay on the plays of the iterations between. The reference's default is
+        # 0; its recipe regenerates every 4 and delays by 4.
+        reward_delay=0,
         self_review=False,
         review=ReviewConfig(),
         reward=DesignerRewardConfig(),
@@ -328,10 +352,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     for field in ("num_slots", "skills_per_regeneration", "max_new_tokens", "regeneration_period"):
         if c.designer[field] < 1:
             _fail(f"designer.{field}", f"must be >= 1, got {c.designer[field]}")
-    if not 1 <= c.designer.reward_delay <= c.designer.regeneration_period:
+    if not 0 <= c.designer.reward_delay <= c.designer.regeneration_period:
         _fail(
             "designer.reward_delay",
-            f"must lie in 1..designer.regeneration_period ({c.designer.regeneration_period}), got "
+            f"must lie in 0..designer.regeneration_period ({c.designer.regeneration_period}), got "
             f"{c.designer.reward_delay}: a design is scored on the plays of the pool it made, which "
             "leaves the pool after one period",
         )

@@ -35,10 +35,12 @@ class Lifecycle:
                                          async_save=config.checkpoint.async_save)
         self.preempted = False
         self._saved_step: int | None = None
+        self.total: int | None = None  # the iteration count `run_to_end` runs to
 
     def run_to_end(self, total: int) -> list[dict]:
         """Runs (or resumes) until `total` iterations, or until the agent has generated
         `agent_token_budget` tokens when that is set; returns the metric history."""
+        self.total = total
         resumed = self.restore()
         state = self.run.state
         metrics_writer = env_log = None
@@ -95,6 +97,11 @@ class Lifecycle:
     def agent_tokens(self) -> int:
         """Tokens the agent generated over the run so far (its plays, plain and hinted)."""
         return sum(int(m.get("agent/generated_tokens", 0)) for m in self.run.state.history)
+
+    def is_last(self, it: int, extra_tokens: int = 0) -> bool:
+        """Whether iteration ``it`` ends the run: the last of `run_to_end`'s total, or the one whose
+        ``extra_tokens`` spend the agent-token budget."""
+        return (self.total is not None and it >= self.total - 1) or self.budget_spent(extra_tokens)
 
     def budget_spent(self, extra_tokens: int = 0) -> bool:
         """Whether `agent_token_budget` (0: none) is used up, counting `extra_tokens` not yet in the

@@ -28,7 +28,7 @@ from absl import logging
 from spade_jax.agent import matched_requests, play_episodes, write_hints
 from spade_jax.agent.rollout import RolloutStats
 from spade_jax.designer.corpus import Corpus
-from spade_jax.designer.memory import EnvironmentMemory
+from spade_jax.designer.memory import EnvironmentMemory, regeneration_statistics
 from spade_jax.designer.review import rejection_reason, review
 from spade_jax.designer.rollout import DesignSample, admit_samples, propose
 from spade_jax.envs import library
@@ -122,7 +122,9 @@ class SelfPlay:
         if cfg.designer.self_review:
             with chrono("review"):
                 episodes, review_rejected = self._self_review(envs, episodes, it, metrics)
-        stats, agent_sequences, designer = self._score(it, envs, episodes, metrics)
+        metrics["agent/generated_tokens"] = sum(int(t.loss_mask.sum()) for t in episodes)
+        last = self.lifecycle.is_last(it, metrics["agent/generated_tokens"])
+        stats, agent_sequences, designer, episodes = self._score(it, envs, episodes, metrics, last=last)
         for component in self.components.agent:
             metrics.update(component.observe(envs, episodes))
         with chrono("update"):
@@ -130,8 +132,7 @@ class SelfPlay:
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         env_log = self._remember(it, envs, stats, designer.by_env_id, designs, episodes, review_rejected, metrics)
         if itstime(it + 1, cfg.designer.regeneration_period):
-            self.state.pool = []
-        metrics["agent/generated_tokens"] = sum(int(t.loss_mask.sum()) for t in episodes)
+            self._hold_pool()
         spent = self.lifecycle.budget_spent(metrics["agent/generated_tokens"])  # the run's last iteration
         for job in self.components.jobs:
             if itstime(it + 1, job.every, last=spent and job.at_budget_end):
@@ -159,7 +160,7 @@ class SelfPlay:
         for stage in self.components.admission:
             with chrono(stage.name):
                 metrics.update(stage(designs, it))
-        self.state.pool = []
+        self._hold_pool()
         for d in designs:
             env_id = design_env_id(it, d.slot) if d.admitted else None
             if env_id:
@@ -170,7 +171,7 @@ class SelfPlay:
             self.state.pending.append(
                 PendingDesign(
                     design_iteration=it,
-                    due_iteration=it + cfg.designer.reward_delay - 1,
+                    due_iteration=it + cfg.designer.reward_delay,
                     slot=d.slot,
                     skill=d.skill,
                     difficulty=d.difficulty,
@@ -224,10 +225,10 @@ class SelfPlay:
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
             env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
             guidance = self.components.guidance(env)
+            mode = self.hint_cfg.mode if self._plays_hinted(env, it) else "none"
             requests += [
                 dataclasses.replace(r, env_kwargs=env_kwargs, guidance=guidance)
-                for r in matched_requests(e_index, env.code, seeds, self.hint_cfg.mode, env.hint,
-                                          self.hint_cfg.placebo_of)
+                for r in matched_requests(e_index, env.code, seeds, mode, env.hint, self.hint_cfg.placebo_of)
             ]
         stats = RolloutStats()
         episodes = []
@@ -239,6 +240,21 @@ class SelfPlay:
         chrono.record("episodes_device_busy", stats.device_busy_fraction)
         chrono.record("episodes_programs_compiled", sum(stats.engine.compiled.values()))
         return episodes
+
+    def _plays_hinted(self, env: PoolEnv, it: int) -> bool:
+        """Whether ``env`` gets hinted plays at ``it``: under ``reward.regret_plays`` "regeneration"
+        (the reference, which writes hints only when it regenerates) a new design in the
+        iteration it was made and nothing else; under "pooled" every environment every iteration."""
+        if self.reward_cfg.regret_plays == "pooled":
+            return True
+        return not env.is_replay and env.design_iteration == it
+
+    def _hold_pool(self) -> None:
+        """The pool ends: its environments whose designs still wait for their reward are held
+        (with their plays) until it falls due."""
+        waiting = {p.env_id for p in self.state.pending if p.env_id}
+        self.state.held += [e for e in self.state.pool if e.env_id in waiting]
+        self.state.pool = []
 
     def _self_review(self, envs, trajectories, it: int, metrics: dict):
         """The policy judges each environment designed this iteration from its source and one
@@ -269,33 +285,49 @@ class SelfPlay:
         dropped = {i for i, e in enumerate(envs) if e.env_id in rejected}
         return [t for t in trajectories if t.request.env_key not in dropped], rejected
 
-    def _score(self, it: int, envs: Sequence[PoolEnv], trajectories, metrics: dict):
+    def _score(self, it: int, envs: Sequence[PoolEnv], trajectories, metrics: dict, *, last: bool = False):
         """Records the plays in the pool, then scores them (`scoring`): each environment's
-        statistics, the agent's sequences, and the designer samples now due."""
+        statistics, the agent's sequences, and the designer samples now due (all of them in
+        the run's ``last`` iteration, as the reference flushes its delayed samples).
+
+        A play dropped because a step timed out (`Trajectory.dropped`) is counted in its
+        environment's `step_timeouts` and neither recorded nor trained on."""
         cfg = self.config
+        kept = []
         for t in trajectories:
             env = envs[t.request.env_key]
+            if getattr(t, "dropped", False):
+                env.step_timeouts += 1
+                continue
+            kept.append(t)
             (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
-        stats = scoring.env_statistics(envs)
+        metrics["agent/dropped_plays"] = len(trajectories) - len(kept)
+        trajectories = kept
+        stats = scoring.env_statistics(envs, self.reward_cfg.regret_plays)
         metrics.update(scoring.agent_metrics(trajectories, stats, envs))
         agent_sequences = scoring.agent_sequences(
             trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
             regret_temperature=cfg.agent.regret_temperature, weight=cfg.rl.agent_weight,
         )
-        due = [p for p in self.state.pending if p.due_iteration <= it]
-        self.state.pending = [p for p in self.state.pending if p.due_iteration > it]
-        designed_stats = {e.env_id: s for e, s in zip(envs, stats) if s is not None and not e.is_replay}
+        due = [p for p in self.state.pending if last or p.due_iteration <= it]
+        self.state.pending = [p for p in self.state.pending if not (last or p.due_iteration <= it)]
+        held_stats = scoring.env_statistics(self.state.held, self.reward_cfg.regret_plays)
+        designed = [(e, s) for e, s in zip(list(envs) + self.state.held, list(stats) + held_stats)
+                    if not e.is_replay]
         designer = scoring.designer_scores(
-            due, designed_stats, self.reward_cfg, weight=cfg.rl.designer_weight,
+            due, {e.env_id: s for e, s in designed if s is not None}, self.reward_cfg, weight=cfg.rl.designer_weight,
             n_agent_sequences=len(agent_sequences), regeneration_period=cfg.designer.regeneration_period,
+            delayed=cfg.designer.reward_delay > 0, timed_out=frozenset(e.env_id for e, _ in designed if e.step_timeouts),
             skill_averages=self.state.skill_averages,
         )
         self.state.skill_averages = designer.skill_averages
-        if due:
+        waiting = {p.env_id for p in self.state.pending if p.env_id}
+        self.state.held = [e for e in self.state.held if e.env_id in waiting]
+        if len(designer.rewards):
             metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
             metrics["designer/reward_scale"] = designer.scale
             metrics["designer/nonzero_advantage"] = sum(abs(s.advantage) > 1e-12 for s in designer.sequences)
-        return stats, agent_sequences, designer
+        return stats, agent_sequences, designer, trajectories
 
     def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
         if not sequences:
@@ -332,12 +364,16 @@ class SelfPlay:
                 continue
             values = dict(win_rate=s.win_rate, mean_plain=s.mean_plain, mean_hinted=s.mean_hinted, regret=s.regret)
             reward = designer_rewards.get(env.env_id)
-            wins = [is_success(r) for _, r, played in env.plain if played == it]
+            plain_now = [r for _, r, played in env.plain if played == it]
+            wins = [is_success(r) for r in plain_now]
+            remembered = values
+            if not self.memory.refresh_statistics and plain_now:
+                remembered = regeneration_statistics(plain_now, [r for _, r, played in env.hinted if played == it])
             if env.env_id in self.memory:
-                self.memory.update(env.env_id, iteration=it, designer_reward=reward, plain_wins=wins, **values)
+                self.memory.update(env.env_id, iteration=it, designer_reward=reward, plain_wins=wins, **remembered)
             elif not env.is_replay:
                 self.memory.add(env.code, env.skill, iteration=it, doc_id=env.doc_id, designer_reward=reward,
-                                env_id=env.env_id, level=env.difficulty, plain_wins=wins, **values)
+                                env_id=env.env_id, level=env.difficulty, plain_wins=wins, **remembered)
             plain_t, hinted_t = sample_of.get((e_index, False)), sample_of.get((e_index, True))
             entry = EnvLogEntry(
                 iteration=it, env_id=env.env_id, skill=env.skill, doc_id=env.doc_id, code=env.code, admitted=True,
@@ -348,6 +384,10 @@ class SelfPlay:
             )
             played.append(entry)
             entries.setdefault(env.env_id, entry)
+        in_play = {e.env_id for e in envs}
+        for env_id, reward in designer_rewards.items():  # designs scored after their pool ended
+            if env_id not in in_play and env_id in self.memory:
+                self.memory.set_designer_reward(env_id, reward)
         if self.rotation_cfg.retire_win_rate > 0:
             for env_id in self.memory.retire_mastered(it, self.rotation_cfg.retire_win_rate,
                                                       self.rotation_cfg.retire_plays):

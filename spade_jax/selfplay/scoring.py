@@ -4,7 +4,8 @@ Pure functions of the iteration's trajectories and the pool's play records; the 
 them in this order:
 
 1. `env_statistics`: each environment's statistics (win rate, means, matched regret, micro
-   learning potential) over every play since it entered the pool, computed once and used by
+   learning potential) over every play since it entered the pool (plays dropped because a
+   step timed out or the play failed are not among them), computed once and used by
    everything below, by the memory and by the environment log;
 2. `agent_metrics` and `agent_sequences`: the agent's win rates and its training sequences
    (advantages centred per environment, optionally weighted by regret rank);
@@ -27,24 +28,33 @@ from spade_jax.rl.batch import TrainSequence
 from spade_jax.selfplay.state import PendingDesign, PoolEnv
 
 
-def env_statistics(envs: Sequence[PoolEnv]) -> list[rew_lib.EnvStats | None]:
+def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration") -> list[rew_lib.EnvStats | None]:
     """Statistics of each environment over its recorded plays; None for one not played.
 
-    Plain and hinted plays are matched by seed (`rewards.env_stats`); the plain plays'
-    iterations give the micro learning potential.
+    Plain and hinted plays are matched by seed (`rewards.env_stats`); under ``regret_plays``
+    "regeneration" (the reference) only the plays of the first iteration that has hinted
+    plays are matched, under "pooled" all of them. The plain plays' iterations give the
+    micro learning potential.
     """
-    return [
-        rew_lib.env_stats(
+    stats = []
+    for env in envs:
+        if not env.plain:
+            stats.append(None)
+            continue
+        hinted_its = [iteration for _, _, iteration in env.hinted]
+        known = [i for i in hinted_its if i is not None]
+        regret_iteration = min(known) if regret_plays == "regeneration" and known else None
+        stats.append(rew_lib.env_stats(
             [reward for _, reward, _ in env.plain],
             [reward for _, reward, _ in env.hinted],
             plain_seeds=[seed for seed, _, _ in env.plain],
             hinted_seeds=[seed for seed, _, _ in env.hinted],
             plain_iterations=[iteration for _, _, iteration in env.plain],
-        )
-        if env.plain
-        else None
-        for env in envs
-    ]
+            hinted_iterations=hinted_its,
+            regret_iteration=regret_iteration,
+            timed_out=env.step_timeouts > 0,
+        ))
+    return stats
 
 
 def agent_metrics(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.EnvStats | None],
@@ -62,8 +72,10 @@ def agent_metrics(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.En
         "agent/plain_reward_mean": _mean([t.reward for t in plain]),
         "agent/hinted_reward_mean": _mean([t.reward for t in hinted]),
         "env/regret_mean": _mean([s.regret for s in stats if s is not None]),
-        "env/gap_mean": _mean([s.gap for s in stats if s is not None and math.isfinite(s.gap)]),
     }
+    gaps = [s.gap for s in stats if s is not None and math.isfinite(s.gap)]
+    if gaps:  # environments with matched hinted plays (none in an iteration that regenerates nothing)
+        metrics["env/gap_mean"] = _mean(gaps)
     if not envs:
         return metrics
     for name, keep in (("new", lambda e: not e.is_replay), ("replayed", lambda e: e.is_replay)):
@@ -121,26 +133,35 @@ class DesignerScores:
 
 def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew_lib.EnvStats],
                     cfg: rew_lib.DesignerRewardConfig, *, weight: float, n_agent_sequences: int = 0,
-                    regeneration_period: int = 1,
+                    regeneration_period: int = 1, delayed: bool = True, timed_out: frozenset = frozenset(),
                     skill_averages: dict[str, rew_lib.SkillRewardAverages] | None = None) -> DesignerScores:
-    """Rewards (`rewards.designer_rewards`: the failure penalty for a sample with no played
-    environment), advantages centred per skill times `rewards.designer_reward_scale` (from
-    ``n_agent_sequences``, the agent's sequences in the same update, and the
-    ``regeneration_period``), and one training sequence per sample. Kind "learning_potential"
-    first updates ``skill_averages`` with the due samples' plays and measures each sample
-    against its skill's slow average; other kinds pass the averages through unchanged."""
+    """Rewards (`rewards.designer_rewards`), advantages centred per skill times
+    `rewards.designer_reward_scale` (from ``n_agent_sequences``, the agent's sequences in the
+    same update, and the ``regeneration_period``), and one training sequence per sample.
+
+    Samples that were not admitted are left out under ``cfg.rejected == "drop"`` (the
+    reference) and get the failure penalty under "penalty"; an admitted sample none of whose
+    plays survived scores 0 (the reference's "no data"), or the timeout penalty where the
+    kind applies it when its id is in ``timed_out``. ``delayed``: scored under a reward
+    delay. Kind "learning_potential" first updates ``skill_averages`` with the due samples'
+    plays and measures each sample against its skill's slow average; other kinds pass the
+    averages through unchanged."""
     averages = dict(skill_averages or {})
+    if cfg.rejected == "drop":
+        due = [p for p in due if p.env_id]
     if not due:
         return DesignerScores(np.zeros(0), [], {}, 1.0, averages)
     stats = [stats_by_env_id.get(p.env_id) if p.env_id else None for p in due]
+    stats = [_timed_out_without_plays() if s is None and p.env_id in timed_out else s for p, s in zip(due, stats)]
     skills = [p.skill for p in due]
     baselines = None
     if cfg.kind == "learning_potential":
         averages = rew_lib.update_learning_potentials(averages, skills, stats, cfg)
         baselines = [averages[k].mu_slow if k in averages else None for k in skills]
-    rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due], baselines=baselines)
+    rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due], baselines=baselines,
+                                       delayed=delayed)
     scale = rew_lib.designer_reward_scale(cfg, len(due), n_agent_sequences, regeneration_period)
-    advantages = adv_lib.designer_advantages(rewards, skills, scale)
+    advantages = adv_lib.designer_advantages(rewards, skills, scale, lone_to_batch_mean=cfg.lone_skill_to_batch_mean)
     sequences = []
     for p, a in zip(due, advantages):
         tokens, mask, logprobs = p.sequence_arrays()
@@ -148,6 +169,11 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
             sequences.append(TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=weight, role="designer"))
     by_env_id = {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
     return DesignerScores(np.asarray(rewards), sequences, by_env_id, scale, averages)
+
+
+def _timed_out_without_plays() -> rew_lib.EnvStats:
+    """The statistics of an environment every play of which was dropped by a step timeout."""
+    return dataclasses.replace(rew_lib.env_stats([0.0]), n_plain=0, timed_out=True)
 
 
 def _mean(values) -> float:

@@ -21,7 +21,8 @@ class PoolEnv:
     `plain` / `hinted` hold `(seed, reward, iteration)` of every episode played since it
     entered the pool; the designer's reward is computed from them when it falls due. An
     episode restored from a checkpoint written before iterations were kept has iteration
-    None (it still counts everywhere except in `rewards.micro_lp`).
+    None (it still counts everywhere except in `rewards.micro_lp`). `step_timeouts` counts
+    the plays dropped because a step timed out (they are in neither list).
     """
 
     env_id: str
@@ -34,6 +35,7 @@ class PoolEnv:
     difficulty: str | None = None  # the level calibration chose (None: the program's default)
     plain: list = dataclasses.field(default_factory=list)
     hinted: list = dataclasses.field(default_factory=list)
+    step_timeouts: int = 0
 
 
 @dataclasses.dataclass
@@ -68,10 +70,13 @@ class LoopState:
 
     `skill_averages`: each skill's reward averages for the designer reward kind
     "learning_potential" (`rewards.update_learning_potentials`), empty under other kinds.
+    `held`: environments of earlier pools whose designs still wait for their reward (a
+    reward delay as long as the period trains them in the next pool's first iteration).
     """
 
     iteration: int = 0  # the next iteration to run
     pool: list[PoolEnv] = dataclasses.field(default_factory=list)
+    held: list[PoolEnv] = dataclasses.field(default_factory=list)
     pending: list[PendingDesign] = dataclasses.field(default_factory=list)
     history: list[dict] = dataclasses.field(default_factory=list)  # one metrics dict per iteration
     skill_averages: dict[str, SkillRewardAverages] = dataclasses.field(default_factory=dict)
@@ -80,6 +85,7 @@ class LoopState:
         return {
             "iteration": self.iteration,
             "pool": [dataclasses.asdict(e) for e in self.pool],
+            "held": [dataclasses.asdict(e) for e in self.held],
             "pending": [dataclasses.asdict(p) for p in self.pending],
             "history": self.history,
             "skill_averages": {k: dataclasses.asdict(v) for k, v in self.skill_averages.items()},
@@ -87,20 +93,23 @@ class LoopState:
 
     @classmethod
     def from_json(cls, data: dict) -> "LoopState":
-        """Also reads checkpoints written before plays kept their iteration or skills kept averages."""
-        pool = []
-        for e in data["pool"]:
-            e = dict(e)
-            e["plain"] = [_play(x) for x in e["plain"]]
-            e["hinted"] = [_play(x) for x in e["hinted"]]
-            pool.append(PoolEnv(**e))
+        """Also reads checkpoints written before plays kept their iteration, skills kept averages or
+        earlier pools were held."""
         return cls(
             iteration=int(data["iteration"]),
-            pool=pool,
+            pool=[_pool_env(e) for e in data["pool"]],
+            held=[_pool_env(e) for e in data.get("held", [])],
             pending=[PendingDesign(**p) for p in data["pending"]],
             history=list(data["history"]),
             skill_averages={k: SkillRewardAverages(**v) for k, v in data.get("skill_averages", {}).items()},
         )
+
+
+def _pool_env(record: dict) -> PoolEnv:
+    e = dict(record)
+    e["plain"] = [_play(x) for x in e["plain"]]
+    e["hinted"] = [_play(x) for x in e["hinted"]]
+    return PoolEnv(**e)
 
 
 def _play(record) -> tuple:
