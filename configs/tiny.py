@@ -42,12 +42,13 @@ def get_config(arg=None):
                               **{k: v for k, v in dataclasses.asdict(boot).items() if k != "prompt"})
 
     # What the bootstrap was trained for: its prompt sizes, turns, the agent's system prompt and
-    # hints. Its policy cannot write hints from source, so hints are the rule-derived strategy
+    # first turn (the observation alone), and hints. Its policy cannot write hints from source, so hints are the rule-derived strategy
     # hints its hinted transcripts show (`agent/strategy.py`: strategy and answer format, never
     # an instance's answer).
     c.designer.prompt.update(dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
     c.agent.system_prompt = AGENT_SYSTEM_PROMPT
+    c.agent.user_template = "{observation}"
     c.hints.mode = boot.hint_mode
     # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
     # repertoire is its training renderings, so at a lower threshold its admission collapses after

@@ -12,7 +12,11 @@ its code:
   with the rewards so far (core/orchestrator.py:474-489);
 * a step past ENV_STEP_TIMEOUT returns a FAILED trajectory, left out of the plays
   (orchestrator.py:490-510, 1614-1624);
-* the actor's first prompt is one user message, no system turn (orchestrator.py:256-266).
+* a game that fails to load is left out of the plays;
+* hinted plays (the hint phase, orchestrator.py:1783-1917) step a cut reply and score a
+  timeout 0;
+* the actor's first prompt is one user message, no system turn, the observation wrapped in
+  the actor template (orchestrator.py:256-266).
 
 The old rules stay available as `AgentConfig` options; the last tests check them.
 """
@@ -121,13 +125,39 @@ def test_a_step_timeout_drops_the_play(policy, pool):
     assert t.end_reason == "timeout" and t.dropped and not t.won
 
 
-def test_no_system_turn_by_default(policy, pool, small_tokenizer):
+def test_no_system_turn_and_the_reference_user_template_by_default(policy, pool, small_tokenizer):
+    # orchestrator.py:256-266 (template "qwen3_game"): one user message wrapping the observation
     t = play(policy, pool, GUESS, scripted("\\boxed{7}"))
-    assert t.messages[0] == {"role": "user", "content": "Say seven."}
+    wrapped = ("You are playing a language game. Make valid actions to win.\nObservation: Say seven.\n"
+               "Please reason step by step, and put your final answer within \\boxed{}.")
+    assert t.messages[0] == {"role": "user", "content": wrapped}
     assert all(m["role"] != "system" for m in t.messages)
-    first = small_tokenizer.apply_chat_template([{"role": "user", "content": "Say seven."}])
+    first = small_tokenizer.apply_chat_template([{"role": "user", "content": wrapped}])
     assert t.tokens[: len(first)].tolist() == first
 
+
+NO_LOAD = GUESS.replace("class GuessEnv:", "raise RuntimeError('cannot load')\n\n\nclass GuessEnv:")
+
+
+def test_a_play_whose_environment_fails_to_start_is_dropped(policy, pool):
+    # the reference leaves a game that fails to load out of its plays
+    t = play(policy, pool, NO_LOAD, scripted("\\boxed{7}"))
+    assert t.end_reason == "error" and t.dropped
+
+
+def test_hinted_plays_follow_the_reference_hint_phase(policy, pool):
+    # orchestrator.py:1783-1917: a hinted play steps a cut reply and scores a timeout 0, kept
+    def hinted(program, sample, cfg=AGENT):
+        request = EpisodeRequest(0, program, seed=5, hinted=True, hint="Say the number.")
+        return play_episodes(policy, pool, [request], cfg, sample=sample)[0]
+
+    cut = hinted(GUESS, scripted("\\boxed{7}", finished=False))
+    assert cut.end_reason == "terminated" and cut.reward == 1.0
+    hung = hinted(HANGS, scripted("\\boxed{7}"))
+    assert hung.end_reason == "timeout" and not hung.dropped and hung.reward == 0.0
+    plain_rules = AgentConfig(max_turns=3, max_new_tokens=32, context_budget=1024, hinted_like_plain=True)
+    assert hinted(GUESS, scripted("\\boxed{7}", finished=False), plain_rules).end_reason == "max_new_tokens"
+    assert hinted(HANGS, scripted("\\boxed{7}"), plain_rules).dropped
 
 # ---------------------------------------------------------------------------- the old rules, as options
 
@@ -143,6 +173,12 @@ def test_old_rules_are_named_options(policy, pool):
     system = play(policy, pool, GUESS, scripted("\\boxed{7}"), AgentConfig(
         max_turns=3, max_new_tokens=32, context_budget=1024, system_prompt="Play well."))
     assert system.messages[0] == {"role": "system", "content": "Play well."}
+    raw = play(policy, pool, GUESS, scripted("\\boxed{7}"), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, user_template="{observation}"))
+    assert raw.messages[0] == {"role": "user", "content": "Say seven."}
+    failed_start = play(policy, pool, NO_LOAD, scripted("\\boxed{7}"), AgentConfig(
+        max_turns=3, max_new_tokens=32, context_budget=1024, score_failed_starts=True))
+    assert not failed_start.dropped and failed_start.reward == 0.0
 
 
 def test_step_error_reward_is_a_reward():

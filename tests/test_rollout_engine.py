@@ -145,7 +145,8 @@ def _same(a, b, logprob_tol=0.0):
 def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_replies, overlap):
     """Six episodes (two hinted) on three rows, so rows are refilled from the queue. The random
     policy's replies mostly run to max_new_tokens: stepped anyway (`step_cut_replies`, several
-    turns), or each ends its episode unstepped (the default; with the sandbox overlapped)."""
+    turns), or each plain one ends its episode unstepped (the default; with the sandbox
+    overlapped) while the hinted ones are stepped."""
     cfg = AgentConfig(max_turns=3, max_new_tokens=16, context_budget=1536, temperature=0.0, rows=3,
                       step_cut_replies=step_cut_replies)
     requests = _requests(4) + _requests(2, hinted=True)
@@ -160,8 +161,10 @@ def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_r
         return
     stops = set(chat_policy.tokenizer.eos_token_ids)
     cut = [int(t.tokens[-1]) not in stops for t in engine]
-    assert any(cut)
-    assert all(t.end_reason == "max_new_tokens" and t.reward == 0.0 for t, c in zip(engine, cut) if c)
+    assert any(c and not t.hinted for t, c in zip(engine, cut))
+    # plain plays end unstepped at the cut; hinted ones are stepped (the reference's hint phase)
+    assert all(t.end_reason == "max_new_tokens" and t.reward == 0.0 for t, c in zip(engine, cut) if c and not t.hinted)
+    assert all(t.end_reason != "max_new_tokens" for t in engine if t.hinted)
 
 
 def test_sampled_episodes_depend_on_the_seed_not_on_the_schedule(chat_policy, pool):

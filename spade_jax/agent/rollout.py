@@ -20,14 +20,17 @@ the context budget. Its reward follows the reference (spade-rl/spade `core/orche
 * a step() that raises, breaks the contract (a malformed result) or gets its worker killed
   (memory, output, a forbidden call: `failed_call` "step") scores `step_error_reward` (-1:
   the reference's wrapper answers a raising or malformed step with reward -1, terminated;
-  synthetic_game_env.py:402-434, rewards.py:47-50); a failed start or a sandbox-side refusal
-  scores 0;
+  synthetic_game_env.py:402-434, rewards.py:47-50); a sandbox-side refusal scores 0; a play
+  whose environment failed to start is dropped, as the reference drops a game that fails to
+  load (`score_failed_starts` keeps it at 0);
 * a reply cut at `max_new_tokens` (no stop token) is not stepped: the episode ends there
   ("max_new_tokens") and scores 0 (orchestrator.py:474-489); `step_cut_replies` steps it;
 * a timed-out play (any sandbox call past its deadline) is dropped (`Trajectory.dropped`):
   the reference returns a FAILED trajectory that never reaches training or the play
   statistics (orchestrator.py:490-510, 1523-1547, 1614-1624); `score_timeouts` keeps it with
-  `timeout_penalty` instead.
+  `timeout_penalty` instead;
+* hinted plays follow the reference's hint phase: a cut reply is stepped, a timeout or failed
+  start scores 0 and is kept (`hinted_like_plain` plays them under the rules above).
 
 Plain and hinted plays of an environment share seeds, so regret compares matched instances.
 Sampled replies depend on the seed, the episode's index and the turn, not on rows or timing.
@@ -65,6 +68,14 @@ AGENT_SYSTEM_PROMPT = (
     "Games take the action as \\boxed{...}. Tool environments take "
     '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, and <answer>...</answer> to finish.'
 )
+# The reference's actor template for the first turn (spade-rl/spade core/orchestrator.py:256-266,
+# template "qwen3_game", used by its games and tool-use recipes alike; MIT): the first observation,
+# hint and guidance included, goes where `{observation}` is.
+REFERENCE_USER_TEMPLATE = (
+    "You are playing a language game. Make valid actions to win.\n"
+    "Observation: {observation}\n"
+    "Please reason step by step, and put your final answer within \\boxed{}."
+)
 HINT_SEPARATOR = "\n\nHINT: "
 GUIDANCE_SEPARATOR = "\n\nWHAT WORKED BEFORE: "
 MAX_SOLUTION_HINT_CHARS = 1000
@@ -75,15 +86,21 @@ SOLUTION_HINT_PREFIX = "Winning actions, one per turn: "
 class AgentConfig:
     """How episodes are played. `context_budget` bounds prompt + all turns, in tokens.
 
-    `system_prompt` "" (the default) opens the conversation with the first observation alone,
+    `system_prompt` "" (the default) opens the conversation with the first user turn alone,
     as the reference does (its actor template is one user message, orchestrator.py:256-266);
-    set it (e.g. to `AGENT_SYSTEM_PROMPT`) for a system turn first.
+    set it (e.g. to `AGENT_SYSTEM_PROMPT`) for a system turn first. `user_template` wraps the
+    first observation (with its hint and guidance) in that user turn: the reference's
+    (`REFERENCE_USER_TEMPLATE`) by default, "{observation}" for the observation alone.
 
     Outcome rules (see the module docstring); the reference's are the defaults:
     `step_error_reward` is the reward of an episode whose step() raised or returned a malformed
     result (-1.0; 0.0 was this code base's rule before); `step_cut_replies` (off) steps a reply
     cut at `max_new_tokens` instead of ending the episode with reward 0; `score_timeouts` (off)
-    keeps a timed-out play with reward `timeout_penalty` instead of dropping it.
+    keeps a timed-out play with reward `timeout_penalty` instead of dropping it;
+    `score_failed_starts` (off) keeps a play whose environment failed to start, with reward 0,
+    instead of dropping it. Hinted plays follow the reference's hint phase
+    (orchestrator.py:1783-1917): a cut reply is stepped and a timeout scores 0;
+    `hinted_like_plain` plays them under the plain plays' rules instead.
     """
 
     max_turns: int = 8
@@ -94,9 +111,12 @@ class AgentConfig:
     top_k: int = 0
     timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY  # read only with score_timeouts
     system_prompt: str = ""
+    user_template: str = REFERENCE_USER_TEMPLATE
     step_error_reward: float = -1.0
     step_cut_replies: bool = False
     score_timeouts: bool = False
+    score_failed_starts: bool = False
+    hinted_like_plain: bool = False
     rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
     refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
     # Step finished replies in the sandbox while the next chunk decodes (they rejoin a chunk
@@ -104,6 +124,8 @@ class AgentConfig:
     overlap_sandbox: bool = False
 
     def __post_init__(self):
+        if "{observation}" not in self.user_template:
+            raise ValueError(f"user_template must contain '{{observation}}', got {self.user_template!r}")
         if not -1.0 <= self.step_error_reward <= 1.0:
             raise ValueError(f"step_error_reward must be in [-1, 1], got {self.step_error_reward}")
         if self.max_turns < 1:
@@ -278,7 +300,8 @@ def play_episodes(
         if episode.request.guidance:
             observation += GUIDANCE_SEPARATOR + episode.request.guidance
         observation += HINT_SEPARATOR + hint if hint else ""
-        episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, observation)
+        first_turn = cfg.user_template.replace("{observation}", observation)
+        episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, first_turn)
 
     reported = 0
 
@@ -321,17 +344,22 @@ def play_episodes(
 
 def _outcome(e: _Live, cfg: AgentConfig) -> tuple[float, bool]:
     """The episode's reward and whether it is dropped (the rules of the module docstring)."""
+    hint_phase = e.request.hinted and not cfg.hinted_like_plain
     if e.timed_out:
-        return (float(cfg.timeout_penalty), False) if cfg.score_timeouts else (0.0, True)
+        if cfg.score_timeouts:
+            return float(cfg.timeout_penalty), False
+        return 0.0, not hint_phase
     if e.end_reason == "error" and e.failed_call == "step":
         return float(cfg.step_error_reward), False
+    if e.end_reason == "error" and e.conversation is None:  # the environment failed to start
+        return 0.0, not (cfg.score_failed_starts or hint_phase)
     return episode_reward(e.final_reward, e.terminated), False
 
 
 def _cut(e: _Live, cfg: AgentConfig, finished: bool) -> bool:
     """Ends the episode (reason "max_new_tokens", unstepped) when its reply hit the token limit
     without a stop token, unless `cfg.step_cut_replies`; True when it ended."""
-    if finished or cfg.step_cut_replies:
+    if finished or cfg.step_cut_replies or (e.request.hinted and not cfg.hinted_like_plain):
         return False
     e.turns += 1
     e.end_reason = "max_new_tokens"

@@ -190,7 +190,12 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                 episode_cfg = dataclasses.replace(agent_cfg, max_turns=turns, max_new_tokens=per_turn,
                                                   context_budget=context_budget,
                                                   temperature=settings.temperature, top_p=settings.top_p,
-                                                  system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt))
+                                                  system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt),
+                                                  user_template=("{observation}" if hasattr(suite, "system_prompt")
+                                                                 else agent_cfg.user_template),
+                                                  # every episode is scored: a benchmark drops nothing
+                                                  step_cut_replies=True, score_timeouts=True,
+                                                  score_failed_starts=True)
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed,
                                            guidance=guide(items[i].program) if guide else None) for i in group]
                 guided += sum(r.guidance is not None for r in requests)

@@ -132,7 +132,9 @@ class Suite(Protocol):
         gets the agent's parsed action (`spade_jax.agent.actions.parse_action`: a tool call
         or answer block, else the last ``\\boxed{}``, else the reply cut to 512 characters).
         A suite with ``system_prompt`` plays its episodes under it instead of the agent's
-        (whose answer formats would contradict a benchmark's own instructions). A suite whose
+        (whose answer formats would contradict a benchmark's own instructions), its first
+        observation unwrapped by the agent's `user_template`. Evaluation scores every
+        episode: cut replies are stepped, timeouts and failed starts score, none is dropped. A suite whose
         scoring runs work that parallelises (code in the sandbox) may also have
         ``score_batch(items, replies, context) -> list[Score]``, which the runner then calls
         once per batch of chat replies."""
