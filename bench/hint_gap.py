@@ -13,7 +13,7 @@ A gap is the mean over matched pairs of hinted minus plain reward; its 95% inter
 paired bootstrap that resamples programs (the pairs of one program share its hint and its
 difficulty) with replacement, `--resamples` times. Output: a markdown table on stdout.
 
-    python bench/hint_gap.py --load /work/study/bootstrap/bootstrap-<key>     # the tiny bootstrap
+    python bench/hint_gap.py --load workdirs/tiny/bootstrap/bootstrap-<key>   # the tiny bootstrap
     python bench/hint_gap.py --quick                                          # a smoke run, random policy
 
 Without ``--load`` the policy is a tiny random model with a SentencePiece tokenizer trained on

@@ -1,4 +1,4 @@
-"""Hint mode `self` follows the reference (/tmp/ref spade/core/hint_generator.py and
+"""Hint mode `self` follows the reference (spade-rl/spade core/hint_generator.py and
 orchestrator.py), one test per rule; mode `strategy` exists (issue 32)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Privileged hints: how regret is measured.
 
 Modes:
-  self      the reference's (/tmp/ref spade/core/hint_generator.py, SelfHintGenerator): the
+  self      the reference's (spade-rl/spade core/hint_generator.py, SelfHintGenerator): the
             policy reads the environment's source under `HINT_SYSTEM_PROMPT` (or the tool-use
             prompt, `HintConfig.game_type`) and writes a hint of 1-3 sentences: strategy and
             answer format, never the exact answer. One batched sampler call for all
@@ -53,7 +53,7 @@ HINT_MODES = ("self", "strategy", "solution", "placebo", "resample", "none")
 TEXT_HINT_MODES = ("self", "strategy")  # the modes whose hint is a text written before play
 GAME_TYPES = ("cognitive", "tool_use", "auto")
 
-# The reference's two hint prompts (/tmp/ref spade/core/hint_generator.py:24-45 and 48-75),
+# The reference's two hint prompts (spade-rl/spade core/hint_generator.py:24-45 and 48-75),
 # rewritten: the same rules and examples in other words.
 HINT_SYSTEM_PROMPT = """You read the source code of a text game and write a hint that helps an LLM player solve it.
 

@@ -2,7 +2,7 @@
 
 Each seed program of `spade_jax.envs.library` has one hint that says how to approach the game
 and what form the answer takes, in the spirit of the reference's hint rules
-(/tmp/ref spade/core/hint_generator.py:24-45: 1-3 sentences, strategy and answer format,
+(spade-rl/spade core/hint_generator.py:24-45: 1-3 sentences, strategy and answer format,
 never the exact answer). The hints name no instance value: no number, no letter, name or
 word that could be an answer of some seed (checked by tests/test_hint_leaks.py, which plays
 every word and number of every hint as a fixed answer on every library program and the

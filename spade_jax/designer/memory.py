@@ -6,7 +6,7 @@ the iteration it was added, how often it was replayed and when it was last playe
 Handwritten seed environments enter with `add_seed` before they have been measured (their
 statistics are None until their first measurement).
 
-The reference (spade-rl/spade, /tmp/ref) writes a record once, at a regeneration step, for
+The reference (spade-rl/spade) writes a record once, at a regeneration step, for
 every game its actor played in that step (spade/slime/spade_rollout.py:705-735), and never
 updates it. Its statistics are those of that step's plays (`regeneration_statistics`): the
 win rate is the share of plain plays with reward > 0, the regret is the hinted mean minus
