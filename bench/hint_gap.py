@@ -94,7 +94,7 @@ def main() -> None:
         policy = _random_policy()
     agent = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         context_budget=max(1024, policy.config.max_position_embeddings // 2),
-                        system_prompt=AGENT_SYSTEM_PROMPT)
+                        system_prompt=AGENT_SYSTEM_PROMPT, user_template="{observation}")  # as tiny plays
     codes = [library.load_source(name) for name, _ in programs]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     rng = np.random.default_rng(0)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
-from spade_jax.agent.rollout import AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
 from spade_jax.sampling import generate  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
@@ -129,8 +129,11 @@ def main() -> None:
             by_game.setdefault(found.group(1) if found else "?", [0, 0])[report.admitted] += 1
         similarity = [r.details["max_similarity"] for r in reports if "max_similarity" in r.details]
 
+        # the prompts the tiny preset plays with: the system turn and bare first observation the
+        # bootstrap was trained on
         agent_cfg = AgentConfig(max_turns=cfg.agent_max_turns, max_new_tokens=args.agent_max_new_tokens,
-                                temperature=args.agent_temperature)
+                                temperature=args.agent_temperature, system_prompt=AGENT_SYSTEM_PROMPT,
+                                user_template="{observation}")
         requests = [EpisodeRequest(env_key=k, program=code, seed=s, hinted=hinted, hint_from_solution=True)
                     for k, code in enumerate(admitted) for hinted in (False, True) for s in range(args.episodes)]
         clock = time.perf_counter()

@@ -42,14 +42,15 @@ def get_config(arg=None):
                               **{k: v for k, v in dataclasses.asdict(boot).items() if k != "prompt"})
 
     # What the bootstrap was trained for: its prompt sizes, turns, the agent's system prompt and
-    # first turn (the observation alone), and hints. Its policy cannot write hints from source, so hints are the rule-derived strategy
-    # hints its hinted transcripts show (`agent/strategy.py`: strategy and answer format, never
-    # an instance's answer).
+    # first turn (the observation alone). Its policy cannot write hints from source, so regret
+    # is measured with the rule-derived strategy hints (`agent/strategy.py`: strategy and answer
+    # format, never an instance's answer); its pretraining transcripts show solution plans
+    # (`BootstrapConfig.hint_mode`, whose docstring says why).
     c.designer.prompt.update(dataclasses.asdict(boot.prompt))
     c.agent.max_turns = boot.agent_max_turns
     c.agent.system_prompt = AGENT_SYSTEM_PROMPT
     c.agent.user_template = "{observation}"
-    c.hints.mode = boot.hint_mode
+    c.hints.mode = "strategy"
     # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
     # repertoire is its training renderings, so at a lower threshold its admission collapses after
     # the first design round, from near-repeats of earlier designs (bench/designer_repeats.py).
