@@ -186,3 +186,15 @@ def test_the_four_four_recipe_gives_the_reference_designer_advantages_on_recorde
     np.testing.assert_allclose([s.advantage for s in scores.sequences], [expected[g] for g in recorded], atol=1e-9)
     assert {round(expected[g], 6) for g in recorded} != {0.0}  # the case is not degenerate
 
+
+def test_hinted_plays_have_seeds_of_their_own_and_regret_compares_means():
+    # orchestrator.py: plain plays reset unseeded, hinted plays on seeds of their own (1818)
+    env = PoolEnv("a", "code", "logic", None, design_iteration=0,
+                  plain=[(1, 0.0, 0), (2, 1.0, 0), (3, 0.0, 0), (4, 0.0, 0)],
+                  hinted=[(11, 1.0, 0), (12, 1.0, 0), (13, 0.0, 0), (14, 1.0, 0)])
+    (s,) = scoring.env_statistics([env], matched_seeds=False)  # the loop's default
+    assert s.regret == pytest.approx(0.75 - 0.25)
+    (matched,) = scoring.env_statistics([env], matched_seeds=True)  # no seed in common: no matched pair
+    assert matched.regret == 0.0
+    assert not R.DesignerRewardConfig().matched_seeds
+

@@ -43,6 +43,8 @@ def schedule_run(tmp_path, small_tokenizer, canned_sampler, random_selfplay, mon
 
     def play(policy, pool, requests, cfg, **kwargs):
         hinted_at.extend(current["it"] for r in requests if r.hinted)
+        plain_seeds = {(r.env_key, r.seed) for r in requests if not r.hinted}
+        assert not any((r.env_key, r.seed) in plain_seeds for r in requests if r.hinted)  # seeds of their own
         return play_episodes(policy, pool, requests, cfg, sample=sample, **kwargs)
 
     monkeypatch.setattr(loop, "play_episodes", play)

@@ -226,9 +226,11 @@ def _sample_hints(policy, programs: Sequence[str], cfg: HintConfig, seed: int) -
 
 
 def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str,
-                     hint: str | None = None, placebo_of: str = "self") -> list[EpisodeRequest]:
+                     hint: str | None = None, placebo_of: str = "self",
+                     hinted_seeds: Sequence[int] | None = None) -> list[EpisodeRequest]:
     """The episodes that measure one environment's regret: one plain play per seed, then,
-    unless ``mode`` is "none", one hinted play on each of the same seeds.
+    unless ``mode`` is "none", one hinted play on each of the same seeds (or on each of
+    ``hinted_seeds``: the reference seeds its hinted plays apart from the plain ones).
 
     Modes "self", "strategy" and "placebo" of either show ``hint`` (`write_hints`); when there
     is none (an empty or failed self-written hint, no strategy family) no hinted play is
@@ -247,5 +249,5 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     return requests + [
         EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True, hint=hint if shows_text else None,
                        hint_from_solution=from_solution, placebo=(mode, placebo_of) == ("placebo", "solution"))
-        for s in seeds
+        for s in (seeds if hinted_seeds is None else hinted_seeds)
     ]

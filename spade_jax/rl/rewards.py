@@ -167,6 +167,10 @@ class DesignerRewardConfig:
     window pooled and matched (spade_jax's earlier rule; K more episodes per environment and
     iteration).
 
+    matched_seeds: the reference plays its hinted episodes on seeds of their own and compares
+    means (False); True plays them on the plain plays' seeds and takes the regret over the
+    matched pairs (same expectation, less variance: spade_jax's earlier rule).
+
     timeout_penalty: the raw reward of a program one of whose plays was dropped because a
     step timed out, for kind "regret", and for "blend" scored without a delay (the reference
     scores both through its undelayed regret path; its delayed blend has no override).
@@ -209,6 +213,7 @@ class DesignerRewardConfig:
     plateau_ramp: float = 0.25
     win_rate: str = "mean_reward"
     regret_plays: str = "regeneration"
+    matched_seeds: bool = False
     timeout_penalty: float = STEP_TIMEOUT_PENALTY
     blend_without_delay: bool = False
     rejected: str = "drop"

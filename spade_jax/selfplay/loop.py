@@ -1,8 +1,8 @@
 """The self-play iteration: the only module that knows the whole order of the flow.
 
     design (every `regeneration_period` iterations) -> admission, then the admission stages
-    of the side systems (calibration) -> hints -> K plain + K hinted episodes per pool and
-    replayed environment (matched seeds), guided by the agent components (procedure memory)
+    of the side systems (calibration) -> hints -> K plain episodes per pool and replayed
+    environment, K hinted ones per new design, guided by the agent components (procedure memory)
     -> self-review (optional) -> episode rewards, regret, designer rewards when due,
     advantages -> the agent components observe the episodes -> one or more compiled updates
     over designer + agent tokens -> memory and the environment log -> periodic jobs
@@ -217,18 +217,22 @@ class SelfPlay:
             env.hint = hint
 
     def _play(self, envs: Sequence[PoolEnv], it: int, chrono: Chrono):
-        """K plain + K hinted episodes of every environment on matched seeds; the rollout engine's
+        """K plain + K hinted episodes of every environment (the hinted ones on seeds of their own, or
+        the plain ones' under ``designer.reward.matched_seeds``); the rollout engine's
         compilation and device use go to `time/episodes_*`."""
         k = self.config.agent.episodes_per_env
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
+            hinted_seeds = None if self.reward_cfg.matched_seeds else [
+                derive_seed(self.config.seed, it, e_index, "hinted", j) % EPISODE_SEED_SPACE for j in range(k)]
             env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
             guidance = self.components.guidance(env)
             mode = self.hint_cfg.mode if self._plays_hinted(env, it) else "none"
             requests += [
                 dataclasses.replace(r, env_kwargs=env_kwargs, guidance=guidance)
-                for r in matched_requests(e_index, env.code, seeds, mode, env.hint, self.hint_cfg.placebo_of)
+                for r in matched_requests(e_index, env.code, seeds, mode, env.hint, self.hint_cfg.placebo_of,
+                                          hinted_seeds)
             ]
         stats = RolloutStats()
         episodes = []
@@ -303,7 +307,7 @@ class SelfPlay:
             (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
         metrics["agent/dropped_plays"] = len(trajectories) - len(kept)
         trajectories = kept
-        stats = scoring.env_statistics(envs, self.reward_cfg.regret_plays)
+        stats = scoring.env_statistics(envs, self.reward_cfg.regret_plays, self.reward_cfg.matched_seeds)
         metrics.update(scoring.agent_metrics(trajectories, stats, envs))
         agent_sequences = scoring.agent_sequences(
             trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
@@ -311,7 +315,8 @@ class SelfPlay:
         )
         due = [p for p in self.state.pending if last or p.due_iteration <= it]
         self.state.pending = [p for p in self.state.pending if not (last or p.due_iteration <= it)]
-        held_stats = scoring.env_statistics(self.state.held, self.reward_cfg.regret_plays)
+        held_stats = scoring.env_statistics(self.state.held, self.reward_cfg.regret_plays,
+                                            self.reward_cfg.matched_seeds)
         designed = [(e, s) for e, s in zip(list(envs) + self.state.held, list(stats) + held_stats)
                     if not e.is_replay]
         designer = scoring.designer_scores(

@@ -28,10 +28,13 @@ from spade_jax.rl.batch import TrainSequence
 from spade_jax.selfplay.state import PendingDesign, PoolEnv
 
 
-def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration") -> list[rew_lib.EnvStats | None]:
+def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration",
+                   matched_seeds: bool = True) -> list[rew_lib.EnvStats | None]:
     """Statistics of each environment over its recorded plays; None for one not played.
 
-    Plain and hinted plays are matched by seed (`rewards.env_stats`); under ``regret_plays``
+    With ``matched_seeds`` plain and hinted plays are matched by seed (`rewards.env_stats`),
+    without it their means are compared (the reference, whose hinted plays have seeds of
+    their own); under ``regret_plays``
     "regeneration" (the reference) only the plays of the first iteration that has hinted
     plays are matched, under "pooled" all of them. The plain plays' iterations give the
     micro learning potential.
@@ -47,8 +50,8 @@ def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration") 
         stats.append(rew_lib.env_stats(
             [reward for _, reward, _ in env.plain],
             [reward for _, reward, _ in env.hinted],
-            plain_seeds=[seed for seed, _, _ in env.plain],
-            hinted_seeds=[seed for seed, _, _ in env.hinted],
+            plain_seeds=[seed for seed, _, _ in env.plain] if matched_seeds else None,
+            hinted_seeds=[seed for seed, _, _ in env.hinted] if matched_seeds else None,
             plain_iterations=[iteration for _, _, iteration in env.plain],
             hinted_iterations=hinted_its,
             regret_iteration=regret_iteration,
