@@ -88,7 +88,7 @@ def _arm_flags(arm: str, preset, args) -> list[str]:
     if arm == "fixed_pool":
         flags.append(f"--config.agent.replay_envs={args.fixed_pool_envs}")
     if arm == "placebo":
-        base = preset.hints.mode if preset.hints.mode in ("self", "solution") else "self"
+        base = preset.hints.mode if preset.hints.mode in ("self", "strategy", "solution") else "self"
         flags.append(f"--config.hints.placebo_of={base}")
     return flags
 
