@@ -272,6 +272,7 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
     c = tiny_selfplay_config()
     c.agent.replay_envs = 0
     c.agent.max_turns = 1
+    c.hints.mode = "resample"  # hinted plays whatever the random policy would write as a hint
     c.calibration.enabled = True
     c.memory.retire_win_rate = 0.5
     c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, PHASES["calibration"]), 4) < 4)

@@ -108,3 +108,18 @@ def test_mode_strategy_writes_offline_hints_and_none_for_unknown_programs():
     assert len(placebo[0]) == len(out[0]) and "binary" not in placebo[0]
     requests = matched_requests(0, "code", [3], "strategy", hint=out[0])
     assert [(r.hinted, r.hint, r.hint_from_solution) for r in requests] == [(False, None, False), (True, out[0], False)]
+
+
+def test_a_program_whose_hint_prompt_fills_the_context_gets_no_hint(monkeypatch, small_tokenizer):
+    """A designed program may be any length: one whose prompt leaves no room to reply is not sent
+    (its environment then has no hinted plays, as one whose hint failed); the others reply
+    within the room their prompt leaves."""
+    calls = _fake_sampler(monkeypatch, [["Halve the range each turn."]])
+    short = len(small_tokenizer.apply_chat_template(hints.hint_chat(GAME_ENV, HintConfig(), small_tokenizer),
+                                                    add_generation_prompt=True))
+    policy = types.SimpleNamespace(tokenizer=small_tokenizer, config=types.SimpleNamespace(max_position_embeddings=short + 50))
+    out = hints.write_hints(policy, [GAME_ENV, GAME_ENV + "#" * 20000], HintConfig())
+    assert out == ["Halve the range each turn.", None]
+    (chats, kwargs), = calls
+    assert len(chats) == 1 and kwargs["limits"] == [50]
+

@@ -75,7 +75,9 @@ def _run(c, workdir, tokenizer, prepare=lambda run: None):
 def test_through_admission_every_level_trick_is_rejected_and_the_run_goes_on(tmp_path, small_tokenizer,
                                                                             monkeypatch):
     _hostile_designs(monkeypatch)
-    history, heldout_text = _run(_config(), tmp_path, small_tokenizer)
+    c = _config()
+    c.designer.reward.rejected = "penalty"  # the rejected designs train too, so every iteration updates
+    history, heldout_text = _run(c, tmp_path, small_tokenizer)
     assert len(history) == 2 and (tmp_path / "checkpoints" / "2").exists()
     designed = [e for e in run_log(tmp_path) if e.slot is not None and e.iteration == 0]
     for env_class in ("LevelCoinEnv", "LevelInfeasibleEnv"):

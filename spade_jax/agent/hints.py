@@ -212,14 +212,26 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
 
 
 def _sample_hints(policy, programs: Sequence[str], cfg: HintConfig, seed: int) -> list[str | None]:
+    """Self-written hints, retried where empty. A program whose hint prompt leaves no room to
+    reply in the model's context gets no hint (a designed program may be any length): its
+    environment then has no hinted plays, as one whose hint failed. Each reply's budget is
+    ``cfg.max_new_tokens`` or the room its prompt leaves, whichever is smaller."""
+    tokenizer = policy.tokenizer
+    chats = [hint_chat(code, cfg, tokenizer) for code in programs]
+    positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    room = [cfg.max_new_tokens] * len(chats)
+    if positions is not None:
+        room = [min(cfg.max_new_tokens, positions - len(tokenizer.apply_chat_template(chat, add_generation_prompt=True)))
+                for chat in chats]
     hints: list[str | None] = [None] * len(programs)
+    fits = {i for i, r in enumerate(room) if r >= 1}
     for attempt in range(cfg.retries + 1):
-        todo = [i for i, h in enumerate(hints) if h is None]
+        todo = [i for i, h in enumerate(hints) if h is None and i in fits]
         if not todo:
             break
-        chats = [hint_chat(programs[i], cfg, policy.tokenizer) for i in todo]
-        completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, top_k=cfg.top_k, seed=seed + attempt)
+        completions = complete_chats(policy, [chats[i] for i in todo], max_new_tokens=max(room[i] for i in todo),
+                                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                     seed=seed + attempt, limits=[room[i] for i in todo])
         for i, completion in zip(todo, completions):
             hints[i] = clean_hint(completion.text, cfg.max_sentences)
     return hints
