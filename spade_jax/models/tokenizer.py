@@ -178,13 +178,16 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> "HFTokenizer":
-        """The tokenizer transformers builds from a GGUF file's metadata.
+        """The tokenizer a GGUF file's metadata describes (`gguf_vocab.tokenizer_from_gguf`: no torch).
 
         Building it parses the whole GGUF vocabulary (several seconds), so the result
         is saved once in `cache_dir` (default `$SPADE_JAX_CACHE` or `~/.cache/spade_jax`,
-        keyed by the file's path, size and mtime) and read back from there afterwards.
+        keyed by the file's path, size and mtime) and read back from there afterwards;
+        without the cache (none yet, or not writable) it is built from the file each time.
         """
         from transformers import AutoTokenizer
+
+        from spade_jax.models.gguf_vocab import tokenizer_from_gguf
 
         path = Path(path).resolve()
         stat = path.stat()
@@ -193,7 +196,7 @@ class HFTokenizer(Tokenizer):
         cached = root / "gguf_tokenizers" / f"{path.stem}-{key}"
         if (cached / "tokenizer_config.json").exists():
             return cls(AutoTokenizer.from_pretrained(str(cached)))
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = tokenizer_from_gguf(path)
         staging = None
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
