@@ -288,7 +288,7 @@ class Scheduler:
         if request.stream:
             self._delta(choice, shown[choice.sent_chars:], visible)
         job.deliver({"type": "finish", "index": choice.index, "reason": "tool_calls" if calls else reason,
-                     "text": text, "content": content, "tool_calls": calls,
+                     "text": text, "content": content, "tool_calls": calls, "tokens": list(choice.tokens),
                      "logprobs": self._logprobs(visible, choice.logprobs) if request.logprobs else None})
         job.completion_tokens += len(choice.tokens)
         job.open_choices -= 1
