@@ -206,3 +206,66 @@ def test_errors_name_the_problem(tmp_path):
 def test_plan_shards_packs_in_order_and_isolates_large_tensors():
     assert plan_shards([4, 4, 4, 20, 1, 1], 10) == [[0, 1], [2], [3], [4, 5]]
     assert plan_shards([3, 3], 100) == [[0, 1]]
+
+
+# ------------------------------------------------------------------ the tiny bootstrap
+
+
+@pytest.fixture(scope="module")
+def bootstrap_export(tiny_bootstrap_cache, tmp_path_factory):
+    """The `tiny:runlocal` bootstrap policy (Llama, untied, SentencePiece/ChatML), its float32
+    export, and transformers' model and tokenizer loaded from it."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from configs import tiny
+    from spade_jax.bootstrap import BootstrapConfig, cache_path, load_bootstrap
+
+    policy = load_bootstrap(cache_path(tiny_bootstrap_cache, BootstrapConfig(**tiny.RUNLOCAL_BOOTSTRAP)))
+    out = tmp_path_factory.mktemp("bootstrap") / "hf"
+    result = export_hf(policy, out, progress=False)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    return policy, out, result, model, AutoTokenizer.from_pretrained(out)
+
+
+def test_bootstrap_exports_with_its_tokenizer_and_matches_logits(bootstrap_export):
+    policy, out, result, model, tokenizer = bootstrap_export
+    assert result.weight_files == ("model.safetensors",) and not (out / INDEX_FILE).exists()
+    from transformers import PreTrainedTokenizerFast
+
+    assert "tokenizer.json" in result.tokenizer_files and isinstance(tokenizer, PreTrainedTokenizerFast)
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == list(policy.tokenizer.eos_token_ids)
+    tokens_BT = np.random.default_rng(7).integers(0, policy.config.vocab_size, (B, T))
+    with torch.no_grad():
+        ref_BTV = model(torch.tensor(tokens_BT)).logits.numpy()
+    assert float(np.abs(policy.logits(tokens_BT) - ref_BTV).max()) <= TOLERANCE
+    back = load_pretrained(out, progress=False)
+    for a, b in zip(jax.tree.leaves(_params(policy)), jax.tree.leaves(_params(back))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bootstrap_greedy_generation_through_the_exported_chat_template(bootstrap_export):
+    """32 greedy tokens after the exported chat template: transformers' generate equals spade_jax's sampler."""
+    from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
+    from spade_jax.sampling import generate
+
+    policy, _, _, model, tokenizer = bootstrap_export
+    messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT},
+                {"role": "user", "content": "You are in a maze. Moves left: 5. Reply with one of: up, down."}]
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+    assert prompt == policy.tokenizer.apply_chat_template(messages)
+    ours = generate(policy, [prompt], max_new_tokens=32, temperature=0.0)
+    ours_ids = [int(t) for t in ours.tokens[0, : ours.lengths[0]]]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32)
+    theirs_ids = [int(t) for t in theirs[0, len(prompt):]]
+    stops = set(policy.tokenizer.eos_token_ids)
+    if theirs_ids and theirs_ids[-1] in stops:
+        assert bool(ours.finished[0])
+    print(f"greedy: {len(ours_ids)} tokens {policy.tokenizer.decode(ours_ids)!r}")
+    assert ours_ids == theirs_ids and len(ours_ids) >= 8

@@ -35,6 +35,7 @@ from flax import nnx
 from spade_jax.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from spade_jax.models.loading import _HF_NAMES, _lookup, _Target, _targets
 from spade_jax.models.policy import Policy
+from spade_jax.models.tokenizer import SentencePieceTokenizer
 
 EXPORT_DTYPES = {"float32": "F32", "bfloat16": "BF16"}  # dtype -> safetensors dtype tag
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
@@ -109,7 +110,7 @@ def check_exportable(config: ModelConfig) -> str:
 
 
 def hf_config(config: ModelConfig, *, dtype: str = "float32", bos_token_id: int | None = None,
-              eos_token_ids: tuple[int, ...] = (), pad_token_id: int | None = None) -> dict:
+              eos_token_id: int | None = None, pad_token_id: int | None = None) -> dict:
     """The `config.json` of `config` as transformers 5 reads it, and as older readers (transformers 4,
     vLLM) read it: rope under both `rope_parameters` and `rope_theta`/`rope_scaling`."""
     arch = check_exportable(config)
@@ -138,7 +139,7 @@ def hf_config(config: ModelConfig, *, dtype: str = "float32", bos_token_id: int 
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": bos_token_id,
-        "eos_token_id": _one_or_list(eos_token_ids),
+        "eos_token_id": eos_token_id,
         "pad_token_id": pad_token_id,
         "dtype": dtype,
         "use_cache": True,
@@ -154,19 +155,24 @@ def hf_config(config: ModelConfig, *, dtype: str = "float32", bos_token_id: int 
     return hf
 
 
-def _one_or_list(ids: tuple[int, ...]):
-    ids = [int(i) for i in ids]
-    return None if not ids else ids[0] if len(ids) == 1 else ids
+def generation_config(tokenizer) -> dict:
+    """`generation_config.json`: generation stops on every token the project's sampler stops on."""
+    if tokenizer is None:
+        return {}
+    stops = [int(i) for i in tokenizer.eos_token_ids]
+    ids = dict(_token_ids(tokenizer), eos_token_id=stops[0] if len(stops) == 1 else stops)
+    return {key: value for key, value in ids.items() if value is not None}
 
 
 def _token_ids(tokenizer) -> dict:
-    """bos, eos (every stop token, as the sampler stops) and pad ids of a spade_jax tokenizer."""
+    """bos, eos (the first stop token, the exported tokenizer's eos_token) and pad ids of a tokenizer."""
     if tokenizer is None:
         return {}
-    bos = getattr(getattr(tokenizer, "hf", None), "bos_token_id", None)
-    if hasattr(tokenizer, "sp"):
+    if isinstance(tokenizer, SentencePieceTokenizer):
         bos = tokenizer.sp.bos_id() if tokenizer.sp.bos_id() >= 0 else None
-    return dict(bos_token_id=bos, eos_token_ids=tuple(tokenizer.eos_token_ids), pad_token_id=int(tokenizer.pad_id))
+    else:
+        bos = getattr(getattr(tokenizer, "hf", None), "bos_token_id", None)
+    return dict(bos_token_id=bos, eos_token_id=int(tokenizer.eos_token_ids[0]), pad_token_id=int(tokenizer.pad_id))
 
 
 def plan_shards(sizes: list[int], max_shard_bytes: int) -> list[list[int]]:
@@ -276,7 +282,7 @@ def export_hf(policy: Policy, out_dir, *, dtype: str = "float32", max_shard_byte
                               for i in shard for name, _ in sources[i].tensors}
                 _write_json(staging / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
             _write_json(staging / "config.json", hf)
-            _write_json(staging / "generation_config.json", _generation_config(hf))
+            _write_json(staging / "generation_config.json", generation_config(policy.tokenizer))
             if policy.tokenizer is not None:
                 from spade_jax.export.tokenizer_files import save_tokenizer
 
@@ -297,10 +303,6 @@ def export_hf(policy: Policy, out_dir, *, dtype: str = "float32", max_shard_byte
                  total / 1e6, seconds)
     return ExportResult(out_dir, tuple(files), tuple(tokenizer_files),
                         sum(len(s.tensors) for s in sources), total, seconds)
-
-
-def _generation_config(hf: dict) -> dict:
-    return {key: hf[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id") if hf[key] is not None}
 
 
 def _write_json(path: Path, value: dict) -> None:
