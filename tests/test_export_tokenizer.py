@@ -64,8 +64,8 @@ def spm_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer(smollm2_gguf_path, tmp_path_factory):
-    return HFTokenizer.from_gguf(smollm2_gguf_path, cache_dir=tmp_path_factory.mktemp("cache"))
+def smollm2_tokenizer(smollm2_policy):
+    return smollm2_policy.tokenizer
 
 
 @pytest.fixture(params=["smollm2", "spm"])

@@ -14,9 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from spade_jax.models import HFTokenizer
-from spade_jax.models.gguf_vocab import GGUFTokenizerError, tokenizer_from_gguf
+from spade_jax.models.gguf_vocab import CONTROL, USER_DEFINED, GGUFTokenizerError, tokenizer_from_gguf
 from spade_jax.models.tokenizer import IM_END, IM_START
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,8 +56,15 @@ def reference(smollm2_gguf_path):
 
 
 @pytest.fixture(scope="module")
-def built(smollm2_gguf_path):
-    return tokenizer_from_gguf(smollm2_gguf_path)
+def fresh(smollm2_gguf_path, tmp_path_factory):
+    """`HFTokenizer.from_gguf` on an empty cache (built from the file) and the cache it filled."""
+    cache = tmp_path_factory.mktemp("cache")
+    return HFTokenizer.from_gguf(smollm2_gguf_path, cache_dir=cache), cache
+
+
+@pytest.fixture(scope="module")
+def built(fresh):
+    return fresh[0].hf
 
 
 def test_built_tokenizer_equals_transformers_gguf_route(built, reference):
@@ -76,11 +84,13 @@ def test_built_tokenizer_equals_transformers_gguf_route(built, reference):
             )
 
 
-def test_hf_tokenizer_from_gguf_uses_it_and_caches_it(smollm2_gguf_path, built, tmp_path):
-    fresh = HFTokenizer.from_gguf(smollm2_gguf_path, cache_dir=tmp_path)
-    cached = HFTokenizer.from_gguf(smollm2_gguf_path, cache_dir=tmp_path)
+def test_hf_tokenizer_from_gguf_builds_it_and_caches_it(smollm2_gguf_path, fresh):
+    fresh, cache = fresh
+    assert isinstance(fresh.hf, PreTrainedTokenizerFast)
+    assert len(list((cache / "gguf_tokenizers").iterdir())) == 1
+    cached = HFTokenizer.from_gguf(smollm2_gguf_path, cache_dir=cache)
     for text in TEXTS:
-        assert fresh.encode(text) == cached.encode(text) == built.encode(text, add_special_tokens=False)
+        assert fresh.encode(text) == cached.encode(text)
     assert fresh.apply_chat_template_text(CHATS[1]) == cached.apply_chat_template_text(CHATS[1])
     assert (fresh.eos_token_ids, fresh.pad_id, fresh.vocab_size) == ((2, 0), 2, 49152)
     assert (cached.eos_token_ids, cached.pad_id, cached.vocab_size) == ((2, 0), 2, 49152)
@@ -103,9 +113,12 @@ def _gguf_with(path, **fields):
 
 def test_unsupported_metadata_is_refused_by_name(tmp_path):
     tokens = ["a", "b", "ab"]
-    spm = _gguf_with(tmp_path / "spm.gguf", tokenizer__ggml__model="llama", tokenizer__ggml__tokens=tokens)
-    with pytest.raises(GGUFTokenizerError, match="GGUF tokenizer model 'llama' is not supported"):
-        tokenizer_from_gguf(spm)
+    unigram = _gguf_with(tmp_path / "t5.gguf", tokenizer__ggml__model="t5", tokenizer__ggml__tokens=tokens)
+    with pytest.raises(GGUFTokenizerError, match="GGUF tokenizer model 't5' is not supported"):
+        tokenizer_from_gguf(unigram)
+    no_scores = _gguf_with(tmp_path / "spm.gguf", tokenizer__ggml__model="llama", tokenizer__ggml__tokens=tokens)
+    with pytest.raises(GGUFTokenizerError, match="tokenizer.ggml.scores must hold one score per token"):
+        tokenizer_from_gguf(no_scores)
     pre = _gguf_with(tmp_path / "pre.gguf", tokenizer__ggml__model="gpt2", tokenizer__ggml__pre="mystery",
                      tokenizer__ggml__tokens=tokens, tokenizer__ggml__merges=["a b"])
     with pytest.raises(GGUFTokenizerError, match="unknown GGUF pre-tokenizer tokenizer.ggml.pre='mystery'"):
@@ -113,6 +126,85 @@ def test_unsupported_metadata_is_refused_by_name(tmp_path):
     bare = _gguf_with(tmp_path / "bare.gguf", general__name="no tokenizer")
     with pytest.raises(GGUFTokenizerError, match="holds no tokenizer"):
         tokenizer_from_gguf(bare)
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt-2"])
+def test_byte_level_pre_tokenizers_equal_transformers_gguf_route(pre, tmp_path):
+    """A small byte-level vocabulary (the byte alphabet, a few merges, a control and a user-defined token)."""
+    pytest.importorskip("torch")
+    import gguf
+    from transformers import AutoTokenizer
+
+    from spade_jax.models.gguf_vocab import _byte_alphabet
+
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "Ġ Ġ", "ĠĠ ĠĠ", "1 2", "Ċ Ċ", "' s", "Ġ 1"]
+    tokens = [*_byte_alphabet().values(), *(m.replace(" ", "") for m in merges), "<|endoftext|>", "<think>"]
+    writer = gguf.GGUFWriter(str(tmp_path / "bpe.gguf"), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 2) + [CONTROL, USER_DEFINED])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(len(tokens) - 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    built = tokenizer_from_gguf(tmp_path / "bpe.gguf")
+    reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="bpe.gguf")
+    assert json.loads(built.backend_tokenizer.to_str()) == json.loads(reference.backend_tokenizer.to_str())
+    for text in TEXTS + ["the 12 1234 it's <think>x</think><|endoftext|>  \n\n\n    the"]:
+        ids = built.encode(text, add_special_tokens=False)
+        assert ids == reference.encode(text, add_special_tokens=False), text
+        assert built.decode(ids) == reference.decode(ids) == text
+
+
+def test_sentencepiece_gguf_equals_transformers_gguf_route(tmp_path):
+    """A "llama" (SentencePiece BPE) vocabulary, written from a model trained here as llama.cpp writes it."""
+    pytest.importorskip("torch")
+    import gguf
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    from transformers import AutoTokenizer
+
+    from spade_jax.envs import contract
+
+    source = Path(contract.__file__).read_text()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(source.split("\n")), model_prefix=str(tmp_path / "sp"), vocab_size=400,
+        model_type="bpe", byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True, split_digits=True, user_defined_symbols=["<tool_call>"], minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    pieces = sentencepiece_model_pb2.ModelProto.FromString(sp.serialized_model_proto()).pieces
+    writer = gguf.GGUFWriter(str(tmp_path / "sp.gguf"), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([p.piece for p in pieces])
+    writer.add_token_scores([p.score for p in pieces])
+    writer.add_token_types([p.type for p in pieces])  # SentencePiece and llama.cpp number the types alike
+    writer.add_bos_token_id(sp.bos_id())
+    writer.add_eos_token_id(sp.eos_id())
+    writer.add_unk_token_id(sp.unk_id())
+    writer.add_chat_template("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}{% endfor %}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    built = tokenizer_from_gguf(tmp_path / "sp.gguf")
+    reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="sp.gguf")
+    assert json.loads(built.backend_tokenizer.to_str()) == json.loads(reference.backend_tokenizer.to_str())
+    for name in ("bos_token_id", "eos_token_id", "unk_token_id", "all_special_tokens", "chat_template"):
+        assert getattr(built, name) == getattr(reference, name), name
+    lines = source.split("\n")
+    for text in TEXTS + ["\n".join(lines[i:i + 4]) for i in range(0, len(lines), 7)]:
+        for special in (False, True):  # True: the BOS llama.cpp adds
+            ids = built.encode(text, add_special_tokens=special)
+            assert ids == reference.encode(text, add_special_tokens=special), text
+        assert built.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
+    assert built.encode("hi", add_special_tokens=True)[0] == sp.bos_id()
+    for chat in CHATS:
+        assert built.apply_chat_template(chat, tokenize=False) == reference.apply_chat_template(chat, tokenize=False)
 
 
 _NO_TORCH_SCRIPT = textwrap.dedent("""

@@ -10,15 +10,18 @@ package and builds the tokenizer transformers builds from them (transformers 5.2
   tokens spelled outside the byte alphabet are respelled through it.
 - `tokenizer.ggml.pre` picks the split before the byte-level step: GPT-2's regex (the
   `ByteLevel` default) for "default", "gpt-2", "smollm", "starcoder", "refact"; the Llama 3
-  regex for "llama-bpe", "llama3", ...; Qwen 2's for "qwen2", "deepseek-r1-qwen". Others are refused.
+  regex for "llama-bpe", "llama3", ...; Qwen 2's for "qwen2" (Qwen 2 and 3), "deepseek-r1-qwen"
+  (without the NFC normaliser of Qwen's tokenizer.json, as in transformers). Others are refused.
   llama.cpp also splits digits one by one for "smollm"/"starcoder"; transformers does not, and
   neither does this (SmolLM2's vocabulary has no multi-digit token, so only a run of spaces
   before a digit tokenises differently).
 - Control tokens (token type 3) become special added tokens, user-defined ones (type 4) plain
   added tokens, so both are matched whole; bos/eos/unk/pad come from their `*_token_id` keys.
 
-SentencePiece vocabularies (`tokenizer.ggml.model == "llama"`) and others are refused with an
-error naming the model type.
+`tokenizer.ggml.model == "llama"` (SentencePiece BPE: Llama 2, Mistral, TinyLlama) is rebuilt
+as transformers' `LlamaTokenizer` is: merges recovered from the scores, "▁" for spaces, byte
+fallback, a "▁" prepended to the text unless `tokenizer.ggml.add_space_prefix` is false (which
+transformers ignores, llama.cpp not). Other model types are refused with an error naming them.
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ def _byte_level_bpe(meta: dict, tokens: list[str], token_types: list[int]):
             f"unknown GGUF pre-tokenizer tokenizer.ggml.pre={pre!r}; known: {sorted([*_GPT2_PRE, *_SPLITS])}"
         )
     merges = meta.get("tokenizer.ggml.merges")
-    if not isinstance(merges, list) or not all(isinstance(m, str) and m.count(" ") == 1 for m in merges):
+    if not isinstance(merges, list) or len(merges) > _MAX_TOKENS or not all(
+        isinstance(m, str) and m.count(" ") == 1 for m in merges
+    ):
         raise GGUFTokenizerError("tokenizer.ggml.merges must be a list of 'left right' strings for a gpt2 vocabulary")
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
@@ -121,6 +126,37 @@ def _byte_level_bpe(meta: dict, tokens: list[str], token_types: list[int]):
     return tok
 
 
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece BPE vocabulary implies: every split of a token into two tokens,
+    best token score first (transformers' `generate_merges`, order and ties included)."""
+    merges = []
+    for token, score in scores.items():
+        local = [(token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _sentencepiece_bpe(meta: dict, tokens: list[str], token_types: list[int]):
+    """The `tokenizers.Tokenizer` of a "llama" (SentencePiece BPE) vocabulary, with its added tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    scores = meta.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        raise GGUFTokenizerError(f"tokenizer.ggml.scores must hold one score per token ({len(tokens)}) for a llama vocabulary")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = _merges_from_scores(vocab, dict(zip(tokens, map(float, scores))))
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + [decoders.Strip(content=" ", left=1)] * prefix)
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, token_types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, token_types) if k == USER_DEFINED])
+    return tok
+
+
 def tokenizer_from_gguf(path: str | os.PathLike):
     """The `transformers.PreTrainedTokenizerFast` a GGUF file's metadata describes, chat template included."""
     from transformers import PreTrainedTokenizerFast
@@ -135,12 +171,13 @@ def tokenizer_from_gguf(path: str | os.PathLike):
     token_types = meta.get("tokenizer.ggml.token_type") or []
     if len(token_types) not in (0, len(tokens)):
         raise GGUFTokenizerError(f"tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens")
-    if model != "gpt2":
+    builders = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+    if model not in builders:
         raise GGUFTokenizerError(
-            f"{path}: GGUF tokenizer model {model!r} is not supported without torch (supported: 'gpt2', "
-            "byte-level BPE as SmolLM2, Llama 3 and Qwen use); load a Hugging Face directory with tokenizer.json instead"
+            f"{path}: GGUF tokenizer model {model!r} is not supported (supported: 'gpt2', byte-level BPE as "
+            "SmolLM2, Llama 3 and Qwen use; 'llama', SentencePiece BPE); load a Hugging Face directory instead"
         )
-    backend = _byte_level_bpe(meta, tokens, token_types)
+    backend = builders[model](meta, tokens, token_types)
     template = meta.get("tokenizer.chat_template")
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -149,6 +186,7 @@ def tokenizer_from_gguf(path: str | os.PathLike):
         unk_token=_special_token(meta, tokens, "unknown_token_id"),
         pad_token=_special_token(meta, tokens, "padding_token_id"),
         chat_template=template if isinstance(template, str) else None,
-        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),
         add_eos_token=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
     )
