@@ -34,6 +34,8 @@ if __name__ == "__main__":
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (its checkpoints, its cached bootstrap).", required=True)
 flags.DEFINE_string("step", "latest", "A checkpoint step, 'latest' or 'none' (initial weights).")
+flags.DEFINE_string("bootstrap", None, "A bootstrap directory to serve (with WORKDIR's checkpoints) instead of the "
+                    "one the preset keys: for a run whose bootstrap the current code would key differently.")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0 for every interface).")
 flags.DEFINE_integer("port", 8000, "Port to bind.")
 flags.DEFINE_integer("rows", 32, "Engine rows: replies decoded at once.")
@@ -58,6 +60,21 @@ def _require_cached_bootstrap(config, workdir: str) -> None:
         raise SystemExit(2)
 
 
+def _policy(config, workdir: str):
+    """`(policy, step)` as `spade_jax.evals` loads it, or from `--bootstrap` with the workdir's checkpoint."""
+    from spade_jax import cli
+
+    if not FLAGS.bootstrap:
+        _require_cached_bootstrap(config, workdir)
+        return cli.policy_from(config, workdir, FLAGS.step)
+    from spade_jax.bootstrap import load_bootstrap
+    from spade_jax.selfplay.checkpoint import restore_parameters
+    from spade_jax.selfplay.initial_policy import mesh_from_config
+
+    policy = load_bootstrap(os.path.expanduser(FLAGS.bootstrap), mesh_from_config(config))
+    return policy, restore_parameters(policy, config, workdir, FLAGS.step)
+
+
 def main(argv) -> None:
     del argv
     from spade_jax import cli
@@ -67,8 +84,7 @@ def main(argv) -> None:
 
     config = cli.validated(FLAGS.config)
     workdir = os.path.abspath(FLAGS.workdir)
-    _require_cached_bootstrap(config, workdir)
-    policy, step = cli.policy_from(config, workdir, FLAGS.step)
+    policy, step = _policy(config, workdir)
     if policy.tokenizer is None:
         raise app.UsageError("the policy has no tokenizer: serving needs text (set model.tokenizer_path)")
     model_id = FLAGS.model_name or f"{os.path.basename(workdir)}-{'initial' if step is None else step}"

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable
 
-from spade_jax.sampling.engine import Reply, RowEngine
+from spade_jax.sampling.engine import EngineStats, Reply, RowEngine
 from spade_jax.serve import tools as tools_lib
 from spade_jax.serve.protocol import Request, Sampling, ServeError
 
@@ -92,6 +92,7 @@ class Scheduler:
         self.max_queue = int(max_queue)
         self._rows = int(rows)
         self._sampling = Sampling(1.0, 1.0)
+        self.engine_stats = EngineStats()  # across the engines a sampling change rebuilds
         self.engine = self._new_engine(self._sampling)
         self._cond = threading.Condition()
         self._pending: collections.deque[Job] = collections.deque()
@@ -108,7 +109,7 @@ class Scheduler:
 
     def _new_engine(self, sampling: Sampling) -> RowEngine:
         return RowEngine(self.policy, self._rows, max_new_tokens=self.segment, temperature=sampling.temperature,
-                         top_p=sampling.top_p, seed=0)
+                         top_p=sampling.top_p, seed=0, stats=self.engine_stats)
 
     # ---- the request side (event-loop thread)
 
@@ -138,8 +139,11 @@ class Scheduler:
 
     def status(self) -> dict:
         with self._cond:
+            stats = self.engine_stats
             return {"queued": len(self._pending), "decoding": len(self._choices), "rows": self.rows,
-                    "parked": len(self._parked), **self.counts}
+                    "parked": len(self._parked), **self.counts, "compile_s": round(stats.compile_s, 3),
+                    "append_s": round(stats.append_s, 3), "decode_s": round(stats.decode_s, 3),
+                    "decode_steps": stats.decode_steps, "generated_tokens": stats.generated_tokens}
 
     def shutdown(self, drain_s: float) -> None:
         """Refuses new requests, fails the queued ones, lets the decoding ones finish for up to
