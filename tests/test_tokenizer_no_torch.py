@@ -221,6 +221,11 @@ _NO_TORCH_SCRIPT = textwrap.dedent("""
     tok = policy.tokenizer
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     gen = generate(policy, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
+    from transformers import AutoTokenizer
+    from spade_jax.export.tokenizer_files import save_tokenizer
+    out = Path("exported"); out.mkdir()
+    save_tokenizer(tok, out)
+    assert AutoTokenizer.from_pretrained(str(out)).encode("Hi 日本", add_special_tokens=False) == tok.encode("Hi 日本")
     assert sys.modules["torch"] is None, "something imported torch"
     print("IDS", prompt[-5:], gen.row_tokens(0))
     print("TEXT", repr(tok.decode(gen.row_tokens(0))))
@@ -228,7 +233,7 @@ _NO_TORCH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_packaged_smollm2_loads_and_samples_without_torch_on_an_empty_cache(tmp_path):
+def test_packaged_smollm2_loads_samples_and_exports_its_tokenizer_without_torch_on_an_empty_cache(tmp_path):
     cache = tmp_path / "empty_cache"
     env = {
         **os.environ, "SPADE_JAX_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",

@@ -4,16 +4,18 @@ API for the weights exporter: `save_tokenizer(policy.tokenizer, out_dir, chat_te
 writes `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json` and
 `chat_template.jinja` into the existing directory `out_dir` and returns those names (sorted).
 `transformers.AutoTokenizer.from_pretrained(out_dir)` then loads a `PreTrainedTokenizerFast`
-(`tokenizer_class` in the config; no custom code, transformers 4.4x and 5.x alike) whose ids,
+(`tokenizer_class` in the config, a plain `tokenizer.json`: no custom code) whose ids,
 decoding and `apply_chat_template(..., tokenize=False)` equal the project tokenizer's. Both
 classes are handled: `HFTokenizer` (SmolLM2, Qwen: its own `tokenizer.json` and chat template)
 and `SentencePieceTokenizer` (the `tiny` bootstrap: rebuilt as a `tokenizers` BPE model, with
 the ChatML template `CHATML_TEMPLATE`, which renders exactly `render_chatml`). `chat_template`
 replaces the template written (default: the one the tokenizer renders with); pass the run's if
-it differs. The exported `eos_token` is the tokenizer's first stop id (`<|im_end|>` for both);
+it differs. The exported `eos_token` is the tokenizer's first stop id (SmolLM2's and `tiny`'s `<|im_end|>`);
 put all of `tokenizer.eos_token_ids` into `generation_config.json`'s `eos_token_id` so
-generation stops on every token the project stops on. Raises `TokenizerExportError` for a
-tokenizer it cannot export.
+generation stops on every token the project stops on. The files are loaded back before it
+returns (about a second): a probe text must tokenise the same and the template must render a
+one-message chat, and the tokenizer's own template render exactly its chat; anything else, or a
+tokenizer it cannot export, raises `TokenizerExportError`.
 
 One difference from SentencePiece: the control pieces' spellings (`<s>`, `</s>`, `<pad>`,
 `<unk>`) written literally in text are the special tokens to transformers (as in every Hugging
@@ -79,6 +81,7 @@ def save_tokenizer(tokenizer, out_dir: str | os.PathLike, *, chat_template: str 
     }
     for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
+    _verify(out, tokenizer, own_template=chat_template is None)
     return sorted(files)
 
 
@@ -87,13 +90,27 @@ def _check_template(template) -> str:
         raise TokenizerExportError(f"the chat template must be a non-empty string, got {type(template).__name__}")
     if len(template) > _MAX_TEMPLATE_CHARS:
         raise TokenizerExportError(f"the chat template has {len(template)} characters; at most {_MAX_TEMPLATE_CHARS}")
-    import jinja2
-
-    try:
-        jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError as e:
-        raise TokenizerExportError(f"the chat template is not valid Jinja: {e}") from e
     return template
+
+
+_PROBE_TEXT = f"Hi 日本 🙂\n\n  x = 12  {IM_START}user\n{IM_END}"
+_PROBE_CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def _verify(out: Path, tokenizer, *, own_template: bool) -> None:
+    """Loads the files back with `AutoTokenizer`: a probe text must give the same ids, and the
+    template must render (and, when it is the tokenizer's own, render what the tokenizer does)."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(out))
+    if hf.encode(_PROBE_TEXT, add_special_tokens=False) != tokenizer.encode(_PROBE_TEXT):
+        raise TokenizerExportError(f"the tokenizer written to {out} does not tokenise as {type(tokenizer).__name__}")
+    try:
+        text = hf.apply_chat_template(_PROBE_CHAT, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # jinja2's syntax and render errors, the template's own raise_exception
+        raise TokenizerExportError(f"the chat template does not render a one-message chat: {e}") from e
+    if own_template and text != tokenizer.apply_chat_template_text(_PROBE_CHAT):
+        raise TokenizerExportError(f"the chat template written to {out} renders differently from the tokenizer's")
 
 
 def _hf_parts(tokenizer: HFTokenizer):
