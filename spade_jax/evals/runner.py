@@ -45,7 +45,9 @@ class EvalConfig:
     admit their programs (None: the defaults); sampled_temperature: when > 0, every suite
     whose settings are greedy is also scored sampled at this temperature, on the same items
     and seeds, under the name ``<suite>-sampled`` (greedy scores the policy's mode, sampled
-    the distribution training draws from).
+    the distribution training draws from); user_endpoint: the base URL (``http://host:port/v1``) of
+    an OpenAI-compatible server whose model plays the suites' simulated users (ACEBench
+    multi_turn; "": the evaluated policy).
     """
 
     suites: str = ""
@@ -58,6 +60,7 @@ class EvalConfig:
     acebench_dir: str = ""
     admission: AdmissionConfig | None = None
     sampled_temperature: float = 0.0
+    user_endpoint: str = ""
 
     def __post_init__(self):
         if (self.every < 0 or self.limit < 0 or self.plays_per_program < 1 or self.default_turns < 1 or self.batch_size < 1

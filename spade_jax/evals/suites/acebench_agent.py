@@ -23,10 +23,12 @@ next observation (``user:``). A reply or user line containing ``finish conversat
 episode (not the agent's first reply, as upstream); upstream's dialogue of at most 40 messages
 (agent, execution and user together) truncates it.
 
-The simulated user is the evaluated policy itself (greedy, `complete_chats`), playing upstream's
-user prompt with the item's instruction; upstream uses gpt-4o, so multi_turn scores here are not
-comparable to published numbers (a note in the summary says so). No external user endpoint is
-offered.
+The simulated user plays upstream's user prompt with the item's instruction. By default it is
+the evaluated policy itself (greedy, `complete_chats`); with ``config.eval.user_endpoint`` (the
+base URL of any OpenAI-compatible server, ``http://host:port/v1``: vLLM, SGLang,
+``python -m spade_jax.serve``) it is that server's model (`EndpointUser`, greedy). Upstream uses
+gpt-4o, so multi_turn scores are comparable to published numbers only with such a user; the
+summary's notes and every multi_turn item's ``details["user"]`` say which user played.
 
 Scoring follows upstream's ``eval_main.agent_eval`` and ``checker.agent_checker``. The end
 state is the saved attributes of every involved class after the episode (none when no reply
@@ -57,9 +59,12 @@ role ``system``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -472,6 +477,69 @@ class PolicyUser:
         return lines
 
 
+class EndpointUser:
+    """An OpenAI-compatible server's model as upstream's simulated user: greedy chat completions
+    (`max_new_tokens` each, seeded as `PolicyUser`), the chats of one call sent concurrently. The
+    model is the server's first (``GET /models``) unless named. A chat the server refuses as too
+    long for its context gets None (that episode ends, its user out of room); any other failure
+    stops the evaluation with the server's message."""
+
+    MAX_CONCURRENT = 8
+
+    def __init__(self, endpoint: str, max_new_tokens: int, seed: int, model: str = "", timeout_s: float = 300.0):
+        if not re.match(r"https?://[^/\s]+", endpoint):
+            raise ValueError(f"eval.user_endpoint must be an http(s) URL, got {endpoint!r}")
+        self.endpoint, self.max_new_tokens, self.seed, self.timeout_s = endpoint.rstrip("/"), max_new_tokens, seed, timeout_s
+        self.calls = 0
+        self.model = model or self._request("GET", "/models")["data"][0]["id"]
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} at {self.endpoint}"
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.endpoint + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            detail = err.read()[:2000].decode(errors="replace")
+            raise _EndpointError(err.code, f"simulated user at {self.endpoint}{path}: HTTP {err.code}: {detail}") from None
+        except (OSError, ValueError) as err:
+            raise RuntimeError(f"simulated user at {self.endpoint}{path}: {err}") from None
+
+    def _line(self, chat: list[dict], seed: int) -> str | None:
+        body = {"model": self.model, "messages": chat, "max_tokens": self.max_new_tokens, "temperature": 0.0,
+                "seed": seed}
+        try:
+            reply = self._request("POST", "/chat/completions", body)
+        except _EndpointError as err:
+            if err.status == 400 and "context" in str(err):
+                return None
+            raise RuntimeError(str(err)) from None
+        content = reply["choices"][0]["message"].get("content")
+        return (content or "").strip()
+
+    def __call__(self, chats: list[list[dict]]) -> list[str | None]:
+        seed = derive_seed(self.seed, "acebench-agent/user", self.calls) % 2**63
+        self.calls += 1
+        if not chats:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(min(self.MAX_CONCURRENT, len(chats))) as pool:
+            return list(pool.map(lambda chat: self._line(chat, seed), chats))
+
+
+class _EndpointError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+POLICY_USER = "the evaluated policy"
+
+
 @dataclasses.dataclass
 class _Episode:
     ref: Reference
@@ -580,7 +648,12 @@ class ACEBenchAgentSuite:
     notes: list = dataclasses.field(default_factory=list)
     name: str = "acebench-agent"
     work_s: float = bounded.ITEM_WORK_S  # seconds of execution one item's calls may take
+    endpoint_user: EndpointUser | None = None  # the simulated user, when not the evaluated policy
     system_prompt = BENCHMARK_SYSTEM_PROMPT  # upstream's agent prompt opens the first user message
+
+    @property
+    def user_name(self) -> str:
+        return self.endpoint_user.name if self.endpoint_user else POLICY_USER
 
     def all_items(self) -> list[Item]:
         return [Item(item_id, group=ref.category, program=item_id, max_turns=MAX_DIALOG_MESSAGES // 2, reference=ref)
@@ -597,7 +670,8 @@ class ACEBenchAgentSuite:
         return reply
 
     def episode_pool(self, context: Context) -> AgentPool:
-        user = PolicyUser(context.policy, self.settings.max_new_tokens, context.seed) if context.policy else None
+        user = self.endpoint_user or (
+            PolicyUser(context.policy, self.settings.max_new_tokens, context.seed) if context.policy else None)
         return AgentPool(self.references, user, self.work_s)
 
     def score(self, item: Item, trajectory, context: Context | None = None) -> Score:
@@ -613,6 +687,8 @@ class ACEBenchAgentSuite:
         verdict = judge(ref, dialogue.scenario.state(), dialogue.executed)
         details = dict(verdict, category=ref.category, executed=dialogue.executed, turns=trajectory.turns,
                        end=trajectory.end_reason)
+        if ref.category == "agent_multi_turn":
+            details["user"] = self.user_name
         if error:
             details["error"] = error
         return Score(1.0 if verdict["end_state"] else 0.0, verdict["end_state"], details)
@@ -640,8 +716,6 @@ def load(directory: Path) -> tuple[dict, list[str]]:
                 references[str(row["id"])] = ref
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
             raise SuiteUnavailable(f"{data} or its possible answers are not ACEBench agent JSON lines: {err!r}") from None
-    notes.append("agent_multi_turn: the simulated user is the evaluated policy itself (upstream: gpt-4o), so its "
-                 "scores are not comparable to published numbers")
     notes.append(f"end state as upstream checks it: {unchecked} items name an answer class that is no API class "
                  "(ReminderAPI, ...), which is not checked; dict attributes are compared on the answer's keys only")
     notes.append("details.process_accuracy: upstream's process accuracy (milestone replies in order, 1 when the "
@@ -668,4 +742,11 @@ def make(argument: str, settings: GenerationSettings, eval_config) -> ACEBenchAg
     if not references:
         raise SuiteUnavailable(f"{directory}: no agent category with its possible answers; "
                                f"{acebench.WHERE.format(prefix='acebench-agent')}")
-    return ACEBenchAgentSuite(directory, settings, references, notes)
+    endpoint = getattr(eval_config, "user_endpoint", "")
+    user = EndpointUser(endpoint, settings.max_new_tokens, eval_config.seed) if endpoint else None
+    if user:
+        notes.insert(0, f"agent_multi_turn: the simulated user is {user.name} (upstream: gpt-4o)")
+    else:
+        notes.insert(0, "agent_multi_turn: the simulated user is the evaluated policy itself (upstream: gpt-4o), so "
+                        "its scores are not comparable to published numbers; eval.user_endpoint names another")
+    return ACEBenchAgentSuite(directory, settings, references, notes, endpoint_user=user)
