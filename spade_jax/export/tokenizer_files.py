@@ -4,7 +4,8 @@ API for the weights exporter: `save_tokenizer(policy.tokenizer, out_dir, chat_te
 writes `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json` and
 `chat_template.jinja` into the existing directory `out_dir` and returns those names (sorted).
 `transformers.AutoTokenizer.from_pretrained(out_dir)` then loads a `PreTrainedTokenizerFast`
-(`tokenizer_class` in the config, a plain `tokenizer.json`: no custom code) whose ids,
+(`tokenizer_class` in the config, a plain `tokenizer.json`: no custom code; checked with
+transformers 5.24 and 4.51) whose ids,
 decoding and `apply_chat_template(..., tokenize=False)` equal the project tokenizer's. Both
 classes are handled: `HFTokenizer` (SmolLM2, Qwen: its own `tokenizer.json` and chat template)
 and `SentencePieceTokenizer` (the `tiny` bootstrap: rebuilt as a `tokenizers` BPE model, with

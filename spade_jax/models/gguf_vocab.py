@@ -55,7 +55,7 @@ class GGUFTokenizerError(ValueError):
 @functools.lru_cache(maxsize=1)
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -83,7 +83,9 @@ def _special_token(meta: dict, tokens: list[str], name: str) -> str | None:
     if token_id is None:
         return None
     if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
-        raise GGUFTokenizerError(f"tokenizer.ggml.{name}={token_id!r} is not a token id of the {len(tokens)}-token vocabulary")
+        raise GGUFTokenizerError(
+            f"tokenizer.ggml.{name}={token_id!r} is not a token id of the {len(tokens)}-token vocabulary"
+        )
     return tokens[token_id]
 
 
@@ -131,7 +133,8 @@ def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list
     best token score first (transformers' `generate_merges`, order and ties included)."""
     merges = []
     for token, score in scores.items():
-        local = [(token[:k], token[k:], score) for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
+        splits = [(token[:k], token[k:], score) for k in range(1, len(token))]
+        local = [m for m in splits if m[0] in vocab and m[1] in vocab]
         merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
     return [(left, right) for left, right, _ in merges]
@@ -144,16 +147,21 @@ def _sentencepiece_bpe(meta: dict, tokens: list[str], token_types: list[int]):
 
     scores = meta.get("tokenizer.ggml.scores")
     if not isinstance(scores, list) or len(scores) != len(tokens):
-        raise GGUFTokenizerError(f"tokenizer.ggml.scores must hold one score per token ({len(tokens)}) for a llama vocabulary")
+        raise GGUFTokenizerError(
+            f"tokenizer.ggml.scores must hold one score per token ({len(tokens)}) for a llama vocabulary"
+        )
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = _merges_from_scores(vocab, dict(zip(tokens, map(float, scores))))
     tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if prefix else "never", split=False
+    )
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + [decoders.Strip(content=" ", left=1)] * prefix)
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, token_types) if k == CONTROL])
-    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, token_types) if k == USER_DEFINED])
+    typed = list(zip(tokens, token_types))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, k in typed if k == CONTROL])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in typed if k == USER_DEFINED])
     return tok
 
 
@@ -166,7 +174,9 @@ def tokenizer_from_gguf(path: str | os.PathLike):
     tokens = meta.get("tokenizer.ggml.tokens")
     if model is None or tokens is None:
         raise GGUFTokenizerError(f"{path} holds no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens missing)")
-    if not isinstance(tokens, list) or not 0 < len(tokens) <= _MAX_TOKENS or not all(isinstance(t, str) for t in tokens):
+    if not isinstance(tokens, list) or not 0 < len(tokens) <= _MAX_TOKENS or not all(
+        isinstance(t, str) for t in tokens
+    ):
         raise GGUFTokenizerError(f"tokenizer.ggml.tokens of {path} must be a list of 1..{_MAX_TOKENS} strings")
     token_types = meta.get("tokenizer.ggml.token_type") or []
     if len(token_types) not in (0, len(tokens)):
