@@ -131,7 +131,7 @@ def hf_config(config: ModelConfig, *, dtype: str = "float32", bos_token_id: int 
         "head_dim": config.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps,
+        "rms_norm_eps": _shortest(config.rms_norm_eps),
         "rope_parameters": rope,
         "rope_theta": config.rope_theta,
         "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if config.rope_type != "default" else None,
@@ -153,6 +153,13 @@ def hf_config(config: ModelConfig, *, dtype: str = "float32", bos_token_id: int 
                   moe_intermediate_size=config.moe_intermediate_size, norm_topk_prob=config.norm_topk_prob,
                   decoder_sparse_step=config.decoder_sparse_step, mlp_only_layers=list(config.mlp_only_layers))
     return hf
+
+
+def _shortest(value: float) -> float:
+    """A float32 value (GGUF metadata's 9.99999974e-06) as its shortest float32 spelling (1e-05): the
+    same number to a float32 model, and what the published config.json says."""
+    single = np.float32(value)
+    return float(str(single)) if float(single) == value else value
 
 
 def generation_config(tokenizer) -> dict:
