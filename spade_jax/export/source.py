@@ -12,6 +12,8 @@ from spade_jax.export.hf import ExportError
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a run was started with (``WORKDIR/config.json``, written by the main job)."""
+    if not os.path.isdir(workdir):
+        raise ExportError(f"the run directory {workdir} does not exist")
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise ExportError(f"{workdir} has no config.json (not a run directory?); name its preset with --config")
