@@ -38,6 +38,18 @@ def validated(config):
     return config
 
 
+def use_compile_cache(config, workdir: str | None) -> None:
+    """Turns on the persistent compilation cache `config.compile_cache_dir` names
+    (`compile_cache.cache_dir`) before this command's first compile, and logs where it is."""
+    from absl import logging
+
+    from spade_jax import compile_cache
+
+    directory = compile_cache.cache_dir(config.compile_cache_dir, workdir)
+    if directory is not None:
+        logging.info("compilation cache: %s", compile_cache.enable(directory))
+
+
 def policy_from(config, workdir: str, checkpoint: str = "none"):
     """`(policy, step)`: the preset's policy on the config's mesh (a bootstrap is cached under
     `workdir` unless the config names a cache) with the parameters of checkpoint `checkpoint` of
@@ -45,5 +57,6 @@ def policy_from(config, workdir: str, checkpoint: str = "none"):
     from spade_jax.selfplay.checkpoint import restore_parameters
     from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 
+    use_compile_cache(config, workdir)
     policy = build_policy(config, workdir, mesh_from_config(config))
     return policy, restore_parameters(policy, config, workdir, checkpoint)

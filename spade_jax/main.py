@@ -35,7 +35,7 @@ flags.DEFINE_bool("allow_config_change", False, "Resume a workdir whose saved co
 flags.DEFINE_bool("library_logs", False, "Also show INFO logs of orbax and tensorflow_datasets (very chatty).")
 
 # Fields a resumed run may change without --allow_config_change.
-_RESUMABLE_CHANGES = ("num_iterations", "agent_token_budget", "log", "checkpoint")
+_RESUMABLE_CHANGES = ("num_iterations", "agent_token_budget", "log", "checkpoint", "compile_cache_dir")
 
 
 def _init_distributed() -> None:
@@ -120,6 +120,7 @@ def main(argv) -> None:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump(config_json, f, indent=2)
     logging.info("devices: %s; workdir %s", jax.devices(), workdir)
+    cli.use_compile_cache(config, workdir)
     history = loop.run(config, workdir)
     print(f"done: {len(history)} iterations in {workdir}", file=sys.stderr)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+from spade_jax import compile_cache
+
 
 def itstime(step: int, every: int, *, last: bool = False) -> bool:
     """Whether a job run every `every` steps (0: never) is due at `step`; `last` also makes it due."""
@@ -12,12 +14,15 @@ def itstime(step: int, every: int, *, last: bool = False) -> bool:
 
 
 class Chrono:
-    """One iteration's `time/*` values: wall-clock seconds per named phase (`"<name>_s"`) and
-    counters that vary with the machine (`record`), none of which a resumed run repeats."""
+    """One iteration's `time/*` values: wall-clock seconds per named phase (`"<name>_s"`),
+    counters that vary with the machine (`record`), none of which a resumed run repeats, and
+    the programs the iteration got from XLA (`compile_cache.counts`): `programs_compiled`,
+    `programs_cached` (loaded from the persistent cache) and `compile_s` (both kinds)."""
 
     def __init__(self):
         self.values: dict[str, float] = {}
         self._start = time.perf_counter()
+        self._compiles = compile_cache.counts()
 
     @contextlib.contextmanager
     def __call__(self, name: str):
@@ -36,4 +41,7 @@ class Chrono:
 
     def metrics(self) -> dict[str, float]:
         """Every value under `time/`, with the whole iteration's seconds as `time/iteration_s`."""
-        return {f"time/{k}": v for k, v in {**self.values, "iteration_s": time.perf_counter() - self._start}.items()}
+        compiles = compile_cache.counts().since(self._compiles)
+        values = {**self.values, "programs_compiled": compiles.compiled, "programs_cached": compiles.cache_hits,
+                  "compile_s": compiles.seconds, "iteration_s": time.perf_counter() - self._start}
+        return {f"time/{k}": v for k, v in values.items()}

@@ -130,6 +130,9 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: the run also ends once the agent has generated this many tokens (plain and hinted
     # plays); the iteration that reaches it is evaluated. Equal agent compute across ablations.
     c.agent_token_budget = 0
+    # Persistent XLA compilation cache (`spade_jax.compile_cache`): "" = <workdir>/xla_cache,
+    # "none" = off, a path = a cache several runs and entry points share.
+    c.compile_cache_dir = ""
 
     c.model = ml_collections.ConfigDict()
     c.model.source = "pretrained"  # bootstrap | pretrained | random
