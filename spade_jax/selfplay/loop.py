@@ -347,6 +347,9 @@ class SelfPlay:
                 bar.update(1)
         metrics["sequences"] = batch.num_sequences
         metrics["truncated_sequences"] = batch.truncated_sequences
+        packed = int((batch.segment_ids_RT > 0).sum())
+        metrics["packed_tokens"] = packed
+        metrics["trained_share"] = float(batch.target_mask_RT.sum()) / max(packed, 1)
         if batch.truncated_sequences:
             logging.warning(
                 "%d sequences were longer than rl.row_length=%d and were cut; raise rl.row_length",
