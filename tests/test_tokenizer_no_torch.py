@@ -222,10 +222,13 @@ _NO_TORCH_SCRIPT = textwrap.dedent("""
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     gen = generate(policy, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
     from transformers import AutoTokenizer
-    from spade_jax.export.tokenizer_files import save_tokenizer
-    out = Path("exported"); out.mkdir()
-    save_tokenizer(tok, out)
+    from spade_jax.export import export_hf
+    out = Path("exported")
+    export_hf(policy, out, progress=False)
     assert AutoTokenizer.from_pretrained(str(out)).encode("Hi 日本", add_special_tokens=False) == tok.encode("Hi 日本")
+    back = load_pretrained(out, mesh=policy.mesh, progress=False)
+    again = generate(back, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
+    assert again.row_tokens(0) == gen.row_tokens(0), (again.row_tokens(0), gen.row_tokens(0))
     assert sys.modules["torch"] is None, "something imported torch"
     print("IDS", prompt[-5:], gen.row_tokens(0))
     print("TEXT", repr(tok.decode(gen.row_tokens(0))))
@@ -233,7 +236,7 @@ _NO_TORCH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_packaged_smollm2_loads_samples_and_exports_its_tokenizer_without_torch_on_an_empty_cache(tmp_path):
+def test_packaged_smollm2_loads_samples_exports_and_loads_back_without_torch_on_an_empty_cache(tmp_path):
     cache = tmp_path / "empty_cache"
     env = {
         **os.environ, "SPADE_JAX_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
