@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 
@@ -104,15 +105,18 @@ def create_app(scheduler: Scheduler, limits: Limits, model_id: str) -> Starlette
 
     async def _whole(scheduler, http, job, events, request: Request, reply_id: str) -> Response:
         choices = {}
+        getting = None  # one pending get across polls: a get cancelled by a timeout could drop its event
         try:
             while True:
-                try:
-                    event = await asyncio.wait_for(events.get(), _DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
+                getting = getting or asyncio.ensure_future(events.get())
+                done, _ = await asyncio.wait({getting}, timeout=_DISCONNECT_POLL_S)
+                if not done:
                     if await http.is_disconnected():
+                        getting.cancel()
                         scheduler.cancel(job)
                         return Response(status_code=499)
                     continue
+                event, getting = getting.result(), None
                 if event["type"] == "error":
                     return _error_response(event["error"])
                 if event["type"] == "finish":
@@ -120,6 +124,8 @@ def create_app(scheduler: Scheduler, limits: Limits, model_id: str) -> Starlette
                 if event["type"] == "done":
                     break
         except asyncio.CancelledError:
+            if getting:
+                getting.cancel()
             scheduler.cancel(job)
             raise
         out = []
@@ -192,6 +198,7 @@ def create_app(scheduler: Scheduler, limits: Limits, model_id: str) -> Starlette
         return _error_response(ServeError(exc.status_code, str(exc.detail)))
 
     async def server_error(_: HttpRequest, exc: Exception) -> Response:
+        logging.error("request failed", exc_info=exc)
         return _error_response(ServeError(500, f"internal error: {type(exc).__name__}"))
 
     return Starlette(
