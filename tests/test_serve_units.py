@@ -1,14 +1,21 @@
-"""The server's pieces in-process: tool-call mapping, request validation, and the scheduler's
-prefix reuse (a conversation that extends a parked row appends only its new tokens)."""
+"""The server's pieces in-process: tool-call mapping, request validation, the scheduler's prefix
+reuse (a conversation that extends a parked row appends only its new tokens), and the ASGI app
+on a scripted engine (tool calls and stop strings as the client receives them)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
+import types
 
 import jax
+import numpy as np
 import pytest
 
+from spade_jax.sampling.engine import Reply
 from spade_jax.serve import protocol, tools
+from spade_jax.serve.app import create_app
 from spade_jax.serve.protocol import Request, Sampling, ServeError
 from spade_jax.serve.scheduler import Scheduler
 
@@ -96,3 +103,128 @@ def test_a_conversation_that_extends_a_parked_row_reuses_its_cache(small_tokeniz
     finally:
         reused.shutdown(0.0)
         fresh.shutdown(0.0)
+
+
+class _ScriptedEngine:
+    """`RowEngine`'s calls, replying with `script` (the same tokens on every row, a stop at `stop_id`)."""
+
+    def __init__(self, rows, script, stop_id):
+        self.rows, self.script, self.stop_id = rows, script, stop_id
+        self.history = [[] for _ in range(rows)]
+        self.lengths = np.zeros(rows, np.int32)
+        self._prompt = [0] * rows
+        self._limit = {}
+
+    def free_rows(self):
+        return [r for r in range(self.rows) if not self.history[r]]
+
+    def submit(self, row, tokens, *, stream, turn, limit):
+        assert list(tokens[: len(self.history[row])]) == self.history[row] and row not in self._limit
+        if not self.history[row]:
+            self._prompt[row] = len(tokens)
+        self.history[row] = list(tokens)
+        self.lengths[row] = len(tokens) - 1
+        self._limit[row] = limit
+
+    @property
+    def num_active(self):
+        return len(self._limit)
+
+    def step(self, exit_after):
+        replies = []
+        for row, limit in self._limit.items():
+            done = len(self.history[row]) - self._prompt[row]
+            tokens = self.script[done: done + limit]
+            stopped = self.stop_id in tokens
+            tokens = tokens[: tokens.index(self.stop_id) + 1] if stopped else tokens
+            self.history[row] += tokens
+            self.lengths[row] += len(tokens)
+            replies.append(Reply(row, np.asarray(tokens, np.int32), np.zeros(len(tokens), np.float32), stopped))
+        self._limit = {}
+        return replies
+
+    def release(self, row):
+        self.history[row] = []
+        self.lengths[row] = 0
+
+    def close(self):
+        pass
+
+
+def _scripted_app(tokenizer, text, segment):
+    script = tokenizer.encode(text) + [tokenizer.eos_token_ids[0]]
+
+    class Scripted(Scheduler):
+        def _new_engine(self, sampling):
+            return _ScriptedEngine(4, script, tokenizer.eos_token_ids[0])
+
+    scheduler = Scripted(types.SimpleNamespace(tokenizer=tokenizer), rows=4, max_queue=4, segment=segment)
+    scheduler.start()
+    return scheduler, create_app(scheduler, protocol.Limits(context=4096, max_tokens=256, max_choices=4), "m")
+
+
+def _call(app, path, body) -> tuple[int, bytes]:
+    """One HTTP request straight through the ASGI app; returns the status and the whole body."""
+    data = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80), "headers": [(b"content-type", b"application/json"),
+                                                       (b"content-length", str(len(data)).encode())]}
+    incoming = [{"type": "http.request", "body": data, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if incoming:
+            return incoming.pop()
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+TOOLS = [{"type": "function", "function": {"name": "locate", "parameters": {"type": "object"}}}]
+
+
+def test_a_tool_call_reply_reaches_the_client_as_openai_tool_calls(small_tokenizer):
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    text = 'Sure.<tool_call>{"name": "locate", "arguments": {"city": "Oslo"}}</tool_call>'
+    assert small_tokenizer.decode(small_tokenizer.encode(text)) == text
+    scheduler, app = _scripted_app(small_tokenizer, text, segment=3)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "Where is Oslo?"}], "tools": TOOLS}
+        status, data = _call(app, "/v1/chat/completions", body)
+        assert status == 200, data
+        choice = ChatCompletion.model_validate_json(data).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content == "Sure."
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "locate" and json.loads(call.function.arguments) == {"city": "Oslo"}
+        status, data = _call(app, "/v1/chat/completions", {**body, "stream": True})
+        events = [line.removeprefix(b"data: ") for line in data.split(b"\n\n") if line.strip()]
+        assert status == 200 and events[-1] == b"[DONE]"
+        chunks = [ChatCompletionChunk.model_validate_json(e) for e in events[:-1]]
+        deltas = [c.choices[0].delta for c in chunks]
+        assert "".join(d.content or "" for d in deltas) == "Sure."  # the call's text is never streamed as content
+        (streamed,) = [call for d in deltas for call in d.tool_calls or []]
+        assert streamed.function.name == "locate" and chunks[-1].choices[0].finish_reason == "tool_calls"
+        status, data = _call(app, "/v1/chat/completions", {k: v for k, v in body.items() if k != "tools"})
+        assert ChatCompletion.model_validate_json(data).choices[0].message.content == text  # no tools: all content
+    finally:
+        scheduler.shutdown(0.0)
+
+
+def test_a_stop_string_split_across_segments_is_never_streamed(small_tokenizer):
+    text = "alpha beta gamma delta"
+    scheduler, app = _scripted_app(small_tokenizer, text, segment=1)
+    try:
+        body = {"model": "m", "prompt": "x", "stop": ["a del"], "stream": True}  # ends one token, starts the next
+        status, data = _call(app, "/v1/completions", body)
+        events = [json.loads(line.removeprefix(b"data: ")) for line in data.split(b"\n\n")
+                  if line.strip() and line != b"data: [DONE]"]
+        assert "".join(e["choices"][0]["text"] for e in events) == "alpha beta gamm"
+        assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    finally:
+        scheduler.shutdown(0.0)
