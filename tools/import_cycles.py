@@ -34,12 +34,12 @@ import sys
 PACKAGE = "spade_jax"
 # Lowest first. Entry points (command lines) sit on top; nothing imports them.
 LAYERS = (
-    ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable")),
+    ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable", "spade_jax.compile_cache")),
     ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.envs")),
     ("roles", ("spade_jax.agent", "spade_jax.designer")),
     ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),
     ("run", ("spade_jax.selfplay",)),
-    ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo")),
+    ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo", "spade_jax.export", "spade_jax.serve")),
 )
 
 
