@@ -161,20 +161,31 @@ class Scheduler:
 
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    while not (self._pending or self._choices or self._stopping):
-                        self._cond.wait()
-                    if self._stopping and not self._choices and not self._pending:
-                        return
-                    if self._stopping and time.monotonic() > self._deadline:
-                        self._fail_decoding(503, "the server shut down before the reply finished")
-                        continue
-                    self._admit()
-                if self._choices:
-                    self._step()
+            self._loop()
+        except Exception:  # a scheduler bug: every request is answered, later ones get 503
+            logging.exception("the scheduler stopped")
+            with self._cond:
+                self._stopping = True
+                for job in [*self._pending, *(c.job for c in self._choices.values())]:
+                    self._answer(job, _error(500, "the scheduler stopped; see the server's log"))
+                self._pending.clear()
+                self._choices.clear()
         finally:
             self.engine.close()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._pending or self._choices or self._stopping):
+                    self._cond.wait()
+                if self._stopping and not self._choices and not self._pending:
+                    return
+                if self._stopping and time.monotonic() > self._deadline:
+                    self._fail_decoding(503, "the server shut down before the reply finished")
+                    continue
+                self._admit()
+            if self._choices:
+                self._step()
 
     def _step(self) -> None:
         try:
@@ -183,9 +194,6 @@ class Scheduler:
             logging.exception("engine step failed")
             with self._cond:
                 self._fail_decoding(500, f"generation failed: {type(err).__name__}: {err}")
-                self.engine.close()
-                self._parked.clear()
-                self.engine = self._new_engine(self._sampling)
             return
         with self._cond:
             for reply in replies:
@@ -328,9 +336,14 @@ class Scheduler:
             self.engine.release(choice.row)
 
     def _fail_decoding(self, status: int, message: str) -> None:
-        for choice in list(self._choices.values()):
-            self._free(choice, park=False)
+        """Answers every decoding job with the error and forgets every row (a new engine: between
+        steps a row waits on its next segment, which only a step could end)."""
+        for choice in self._choices.values():
             self._answer(choice.job, _error(status, message))
+        self._choices.clear()
+        self._parked.clear()
+        self.engine.close()
+        self.engine = self._new_engine(self._sampling)
 
     def _answer(self, job: Job, event: dict) -> None:
         """The job's one terminal event (later ones are dropped: a request is answered once)."""
