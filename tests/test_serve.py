@@ -229,21 +229,32 @@ def test_malformed_and_oversize_bodies(server, client):
 def test_full_queue_gets_503_and_every_request_is_answered_once(server):
     results = []
 
-    def one(i):
+    def one(i, max_tokens):
         results.append((i, *_post(server, "/v1/chat/completions", {
-            "model": "random-test", "messages": [{"role": "user", "content": f"load {i}"}], "max_tokens": 200})))
+            "model": "random-test", "messages": [{"role": "user", "content": f"load {i}"}], "max_tokens": max_tokens,
+            "temperature": 0})))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
+    # Fill every row, then the queue, with long greedy replies; then three more requests arrive.
+    done_before = _health(server).get("answered_done", 0)
+    busy = [threading.Thread(target=one, args=(i, MAX_TOKENS // 4)) for i in range(ROWS + QUEUE)]
+    deadline = time.monotonic() + 30
+    for threads, field, count in ((busy[:ROWS], "decoding", ROWS), (busy[ROWS:], "queued", QUEUE)):
+        for t in threads:
+            t.start()
+        while (h := _health(server))[field] < count:
+            assert time.monotonic() < deadline and h.get("answered_done", 0) == done_before, h
+            time.sleep(0.01)
+    for i in range(ROWS + QUEUE, ROWS + QUEUE + 3):
+        one(i, 8)
+    for t in busy:
         t.join()
-    assert sorted(i for i, _, _ in results) == list(range(12))
-    codes = [code for _, code, _ in results]
-    assert set(codes) <= {200, 503} and codes.count(200) >= QUEUE and 503 in codes
+    assert sorted(i for i, _, _ in results) == list(range(ROWS + QUEUE + 3))
+    codes = {i: code for i, code, _ in results}
+    assert [codes[i] for i in range(ROWS + QUEUE)] == [200] * (ROWS + QUEUE), [b for _, _, b in results]
+    assert [codes[i] for i in range(ROWS + QUEUE, ROWS + QUEUE + 3)] == [503] * 3
     assert all("queue is full" in body["error"]["message"] for _, code, body in results if code == 503)
     ids = [body["id"] for _, code, body in results if code == 200]
-    assert len(set(ids)) == len(ids)
+    assert len(set(ids)) == len(ids) == ROWS + QUEUE
 
 
 def test_survives_a_client_that_disconnects_mid_stream(server, client):

@@ -71,6 +71,7 @@ def _policy(config, workdir: str):
     from spade_jax.selfplay.checkpoint import restore_parameters
     from spade_jax.selfplay.initial_policy import mesh_from_config
 
+    cli.use_compile_cache(config, workdir)
     policy = load_bootstrap(os.path.expanduser(FLAGS.bootstrap), mesh_from_config(config))
     return policy, restore_parameters(policy, config, workdir, FLAGS.step)
 

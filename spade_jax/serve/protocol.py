@@ -12,25 +12,12 @@ import dataclasses
 from typing import Any
 
 from spade_jax.serve import tools as tools_lib
+from spade_jax.serve.errors import ServeError
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
 MAX_CHOICES = 8
 MAX_MESSAGES = 1024
-
-
-class ServeError(Exception):
-    """A request the server refuses: HTTP `status` and OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
 
 @dataclasses.dataclass(frozen=True)

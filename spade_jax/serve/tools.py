@@ -16,6 +16,8 @@ import re
 import secrets
 from typing import Any, Callable
 
+from spade_jax.serve.errors import ServeError
+
 TOOL_CALL_OPEN = "<tool_call>"
 MAX_TOOLS = 64
 MAX_TOOL_CALLS = 16
@@ -29,9 +31,7 @@ class ToolSpec:
     schema: dict  # {"name", "description", "parameters"} as the system message shows it
 
 
-def _bad(message: str, param: str):
-    from spade_jax.serve.protocol import ServeError
-
+def _bad(message: str, param: str) -> ServeError:
     return ServeError(400, message, param)
 
 
