@@ -211,6 +211,7 @@ def _verdict(records: list[dict], args) -> tuple[list[str], bool]:
         for r in trained + controls:
             blocks = block_means([u["train_win_rate"] for u in r["updates"]], args.block)
             lines.append(f"- seed {r['seed']}, lr {r['lr']:g}: " + ", ".join(f"{m:.3f}±{s:.3f}" for m, s in blocks))
+    met &= bool(trained)  # a run of controls alone shows nothing about learning
     cost = [f"- seed {r['seed']}, lr {r['lr']:g}: {r['seconds']:.0f} s, "
             f"{r['episodes'] / max(r['seconds'], 1e-9) * 60:.0f} episodes/min, "
             f"{r['seconds'] / max(len(r['updates']), 1):.1f} s/update" for r in records]
