@@ -47,6 +47,11 @@ def build_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
     return random_policy(model_config, tokenizer, seed=c.seed, mesh=mesh)
 
 
+def bootstrap_cache_dir(c: ml_collections.ConfigDict, workdir: str) -> str:
+    """Where a run's bootstrap is cached: `bootstrap.cache_dir`, else `<workdir>/bootstrap`."""
+    return os.path.expanduser(c.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))
+
+
 def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Policy:
     """Trains the bootstrap once (process 0 of a multi-process run; the others wait), then loads it."""
     import jax
@@ -55,7 +60,7 @@ def _bootstrapped_policy(c: ml_collections.ConfigDict, workdir: str, mesh) -> Po
     from spade_jax.bootstrap import bootstrap_policy, cache_path, load_bootstrap
 
     cfg = bootstrap_config(c)
-    cache_dir = os.path.expanduser(c.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))
+    cache_dir = bootstrap_cache_dir(c, workdir)
     if jax.process_count() == 1:
         return bootstrap_policy(cache_dir, cfg, mesh=mesh, progress=c.log.progress)
     if jax.process_index() == 0:

@@ -49,11 +49,11 @@ FLAGS = flags.FLAGS
 def _require_cached_bootstrap(config, workdir: str) -> None:
     from spade_jax.bootstrap import cache_path
     from spade_jax.selfplay.config import bootstrap_config
+    from spade_jax.selfplay.initial_policy import bootstrap_cache_dir
 
     if config.model.source != "bootstrap":
         return
-    cache_dir = os.path.expanduser(config.bootstrap.cache_dir or os.path.join(workdir, "bootstrap"))
-    path = cache_path(cache_dir, bootstrap_config(config))
+    path = cache_path(bootstrap_cache_dir(config, workdir), bootstrap_config(config))
     if not (path / "DONE").exists():
         print(f"error: no finished bootstrap at {path}: train the run first (the server never trains one)",
               file=sys.stderr)
