@@ -4,9 +4,10 @@
     python bench/rl_sanity.py --rung 1 --load BOOTSTRAP_DIR --out DIR [--seeds 0,1,2] [--updates 40]
 
 Both train the agent alone on the `tiny` bootstrap's trained families (`BootstrapConfig.envs`:
-no designer, no hints) with the preset's agent settings and update (`configs/tiny.py`), one
-update per round of plays, advantages centred over each program's plays as in self-play
-(`scoring.agent_sequences`), and run a control arm at learning rate 0 on the same seeds.
+no designer, no hints) with the preset's agent settings and update (`configs/tiny.py`): per round
+of plays, `rl.updates_per_iteration` optimizer steps anchored on the plays' log-probs, as the
+loop's `_update` does; advantages centred over each program's plays as in self-play
+(`scoring.agent_sequences`); a control arm at learning rate 0 on the same seeds.
 
 - **rung 0, machinery**: one fixed instance per program (its seed drawn once per run seed);
   `--plays` plays of it per update; after every update `--eval_plays` sampled plays of each
@@ -59,6 +60,23 @@ def mcnemar_p(before: np.ndarray, after: np.ndarray) -> float:
         return 1.0
     tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
+
+
+def allocate_plays(wins: dict[str, int], plays: dict[str, int], budget: int, minimum: int) -> dict[str, int]:
+    """Splits `budget` plays over programs in proportion to p(1 - p), p the posterior mean win rate
+    (wins + 1) / (plays + 2) of each program's training plays so far, each program getting at
+    least `minimum` (largest remainders round). Group-centred advantages are zero where a group's
+    rewards are all equal, so plays go where a group is likely to hold both wins and losses."""
+    names = list(wins)
+    if budget < minimum * len(names):
+        raise ValueError(f"budget {budget} is below {minimum} plays for each of {len(names)} programs")
+    p = np.array([(wins[n] + 1) / (plays[n] + 2) for n in names])
+    weight = p * (1 - p)
+    share = minimum + (budget - minimum * len(names)) * weight / weight.sum()
+    counts = np.floor(share).astype(int)
+    for i in np.argsort(-(share - counts), kind="stable")[: budget - counts.sum()]:
+        counts[i] += 1
+    return dict(zip(names, counts.tolist()))
 
 
 def block_means(values: list[float], block: int) -> list[tuple[float, float]]:
@@ -120,7 +138,9 @@ def _update(trainer: Trainer, setup: Setup, trajectories) -> dict:
         return {"trained": 0}
     rl = setup.config.rl
     batch = pack(sequences, rl.row_length, row_multiple=max(rl.micro_batch_rows, 1))
-    metrics = trainer.update(batch)
+    old = trainer.logprobs(batch) if rl.updates_per_iteration > 1 else None
+    for _ in range(rl.updates_per_iteration):
+        metrics = trainer.update(batch, old)
     return {"trained": len(sequences), "nonzero": sum(abs(s.advantage) > 1e-12 for s in sequences),
             "loss": metrics["loss"]}
 
@@ -148,16 +168,24 @@ def _arm(setup: Setup, seed: int, lr: float, args) -> dict:
         record["before"]["greedy"] = evaluate(0.0)[1].tolist()
     record["curve"].append(_by_program(played, wins))
     start = time.perf_counter()
+    won = {n: 0 for n in names}
+    tried = {n: 0 for n in names}
     with progress_bar(args.updates, f"rung {args.rung} seed {seed} lr {lr:g}", unit="updates") as bar:
         for u in range(args.updates):
+            counts = ({n: args.plays for n in names} if args.allocate == "uniform"
+                      else allocate_plays(won, tried, args.plays * len(names), args.min_plays))
             if args.rung == 0:
-                seeds = {n: [fixed[n]] * args.plays for n in names}
+                seeds = {n: [fixed[n]] * counts[n] for n in names}
             else:
-                seeds = {n: [derive_seed(seed, "train", u, n, j) % EPISODE_SEED_SPACE for j in range(args.plays)]
+                seeds = {n: [derive_seed(seed, "train", u, n, j) % EPISODE_SEED_SPACE for j in range(counts[n])]
                          for n in names}
             played_u, trajectories = _play(policy, setup, seeds, stream=derive_seed(seed, "train-stream", u))
+            for n, w in zip(played_u, _wins(trajectories)):
+                won[n] += int(w)
+                tried[n] += 1
             info = _update(trainer, setup, trajectories)
             info["train_win_rate"] = float(_wins(trajectories).mean())
+            info["plays"] = counts
             record["updates"].append(info)
             if args.rung == 0 and ((u + 1) % args.eval_every == 0 or u + 1 == args.updates):
                 record["curve"].append(_by_program(*evaluate()))
@@ -250,7 +278,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--updates", type=int, default=None, help="default: 15 (rung 0), 40 (rung 1)")
-    parser.add_argument("--plays", type=int, default=16, help="plays per program per update")
+    parser.add_argument("--plays", type=int, default=16, help="plays per program per update (on average)")
+    parser.add_argument("--allocate", choices=("uniform", "variance"), default="uniform",
+                        help="uniform: --plays per program; variance: the same total split by allocate_plays")
+    parser.add_argument("--min_plays", type=int, default=4, help="fewest plays of a program per update (variance)")
     parser.add_argument("--eval_plays", type=int, default=32, help="evaluation plays per program")
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's rl.lr")
     parser.add_argument("--block", type=int, default=10, help="updates per block mean (rung 1)")
@@ -269,7 +300,8 @@ def main() -> None:
                 (args.out / f"rung{args.rung}.json").write_text(json.dumps(records))
     lines, met = _verdict(records, args)
     report = [f"# Rung {args.rung}", "", f"`python bench/rl_sanity.py --rung {args.rung} --load {args.load} "
-              f"--seeds {args.seeds} --updates {args.updates} --plays {args.plays} --eval_plays {args.eval_plays}`",
+              f"--seeds {args.seeds} --updates {args.updates} --plays {args.plays} --eval_plays {args.eval_plays} "
+              f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays}`",
               "", *lines, "", f"**Bar {'met' if met else 'not met'}.**"]
     (args.out / f"rung{args.rung}.md").write_text("\n".join(report) + "\n")
     _plot(records, args, args.out / f"rung{args.rung}.png")

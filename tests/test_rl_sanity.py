@@ -1,0 +1,35 @@
+"""The learning ladder's statistics and play allocation (`bench/rl_sanity.py`) against hand-computed numbers."""
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def rl_sanity(bench_script):
+    return bench_script("rl_sanity")
+
+
+def test_mcnemar_p_is_the_two_sided_binomial_tail_of_the_discordant_pairs(rl_sanity):
+    # 6 pairs lost -> won, 1 won -> lost, 3 concordant: n = 7, tail P(X <= 1) = 8/128, p = 0.125.
+    before = np.array([0, 0, 0, 0, 0, 0, 1, 1, 0, 1], bool)
+    after = np.array([1, 1, 1, 1, 1, 1, 0, 1, 0, 1], bool)
+    assert rl_sanity.mcnemar_p(before, after) == pytest.approx(0.125)
+    assert rl_sanity.mcnemar_p(after, before) == pytest.approx(0.125)
+    assert rl_sanity.mcnemar_p(before, before) == 1.0
+
+
+def test_block_means_with_standard_errors(rl_sanity):
+    blocks = rl_sanity.block_means([0.0, 1.0, 0.5, 0.5, 2.0], 2)
+    assert blocks[0] == pytest.approx((0.5, 0.5))  # std (ddof 1) 0.7071 / sqrt 2
+    assert blocks[1] == pytest.approx((0.5, 0.0))
+    assert blocks[2] == (2.0, 0.0)
+
+
+def test_allocate_plays_follows_the_posterior_variance(rl_sanity):
+    # p = 1/18, 2/18, 17/18: weights 17, 32, 17 (/324); 36 plays beyond the minimum of 4 each
+    # give shares 13.27, 21.45, 13.27; the one play left by flooring goes to the largest remainder.
+    counts = rl_sanity.allocate_plays({"a": 0, "b": 1, "c": 16}, {"a": 16, "b": 16, "c": 16}, 48, 4)
+    assert counts == {"a": 13, "b": 22, "c": 13}
+    assert rl_sanity.allocate_plays({"a": 0, "b": 0}, {"a": 0, "b": 0}, 10, 2) == {"a": 5, "b": 5}
+    with pytest.raises(ValueError, match="below 4 plays"):
+        rl_sanity.allocate_plays({"a": 0, "b": 0}, {"a": 0, "b": 0}, 7, 4)
