@@ -41,6 +41,7 @@ def test_every_preset_validates(name, arg):
         (lambda c: setattr(c.mesh, "shape", (2, -1, -1)), "mesh.shape"),
         (lambda c: setattr(c.rl, "micro_batch_rows", 3), "rl.micro_batch_rows"),
         (lambda c: setattr(c.model, "source", "downloaded"), "model.source"),
+        (lambda c: setattr(c.model, "sampling_dtype", "float16"), "model.sampling_dtype"),
         (lambda c: setattr(c.designer, "skills", ("juggling",)), "designer.skills"),
         (lambda c: setattr(c.agent, "context_budget", 16), "agent: context_budget"),
         (lambda c: setattr(c.agent, "rows", 0), "agent: rows"),

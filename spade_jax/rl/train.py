@@ -1,7 +1,9 @@
 """The XLA-compiled update: one optimizer step over a packed batch of both roles.
 
-`Trainer` owns the optimizer state and updates the policy's parameters in place
-(`nnx.update`), so the sampler always sees the newest weights. The step is a single
+`Trainer` owns the optimizer state and updates the policy's parameters (the master weights)
+in place (`nnx.update`), then refreshes the weights the samplers read (`sampling_policy`: the
+masters themselves, or a bfloat16 copy cast once per update, `models/sampling_weights.py`), so
+the sampler always sees the newest weights. The step is a single
 `jax.jit` with explicit in/out shardings and a donated state; micro-batches run under
 `lax.scan` and their gradients of the loss *sums* are added, then divided by the total
 token count, which is exact whatever the number of tokens in each micro-batch.
@@ -35,6 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spade_jax.models.moe import RouterStats, load_balancing_loss
 from spade_jax.models.policy import Policy
+from spade_jax.models.sampling_weights import SamplingWeights
 from spade_jax.models.sharding import activation_sharding, param_shardings
 from spade_jax.models.transformer import REMAT_POLICIES
 from spade_jax.rl import losses
@@ -93,9 +96,11 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 
 class Trainer:
-    """Optimizer state plus the compiled update for one `Policy`."""
+    """Optimizer state plus the compiled update for one `Policy`; `sampling_dtype` ("auto",
+    "float32" or "bfloat16") is the dtype of the weights the samplers read (`sampling_policy`)."""
 
-    def __init__(self, policy: Policy, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig()):
+    def __init__(self, policy: Policy, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig(),
+                 sampling_dtype: str = "auto"):
         if loss.objective not in ("pg", "nll"):
             raise ValueError(f"unknown objective {loss.objective!r}; choose pg or nll")
         if loss.remat not in REMAT_POLICIES:
@@ -133,12 +138,19 @@ class Trainer:
             out_shardings=(self._param_shardings, opt_shardings, self._replicated),
         )
         self._logprobs = jax.jit(self._logprobs_fn)
+        self.sampling = SamplingWeights(policy, sampling_dtype)
 
     # ---- host API -------------------------------------------------------------------------
 
     @property
     def params(self) -> dict:
         return nnx.to_pure_dict(nnx.state(self.policy.model))
+
+    @property
+    def sampling_policy(self) -> Policy:
+        """The policy to sample with: the masters, or their copy in `sampling_dtype` (refreshed
+        whenever the masters change)."""
+        return self.sampling.policy
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint needs to continue the optimisation exactly."""
@@ -148,6 +160,7 @@ class Trainer:
         state = nnx.state(self.policy.model)
         nnx.replace_by_pure_dict(state, pure_params)
         nnx.update(self.policy.model, state)
+        self.sampling.refresh()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._set_params(state["params"])

@@ -33,6 +33,7 @@ from spade_jax.envs.library import SEED_ENVS, SKILLS
 from spade_jax.evals.registry import registered
 from spade_jax.evals.runner import EvalConfig
 from spade_jax.evals.suite import GenerationSettings
+from spade_jax.models.sampling_weights import SAMPLING_DTYPES
 from spade_jax.rl.rewards import DesignerRewardConfig
 from spade_jax.rl.train import LossConfig, OptimConfig
 from spade_jax.sandbox import SandboxConfig
@@ -139,6 +140,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.path = ""  # pretrained: HF directory or .gguf file; "packaged" = the pip-packaged SmolLM2
     c.model.dtype = "float32"
     c.model.param_dtype = "float32"
+    # The weights the samplers read (models/sampling_weights.py): "auto" = a bfloat16 copy of the
+    # masters, cast after each update, on GPU/TPU and the masters themselves on CPU; "float32" or
+    # "bfloat16" force one. Training always reads the masters (`param_dtype`).
+    c.model.sampling_dtype = "auto"
     c.model.tokenizer_path = ""  # random: a HF directory or .gguf whose tokenizer to use
     c.model.moe_capacity_factor = 0.0  # MoE checkpoints: 0 = dropless dispatch (models/moe.py)
     c.model.arch = ml_collections.ConfigDict(
@@ -340,6 +345,8 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
     for field in ("dtype", "param_dtype"):
         if c.model[field] not in ("float32", "bfloat16"):
             _fail(f"model.{field}", f"must be float32 or bfloat16, got {c.model[field]!r}")
+    if c.model.sampling_dtype not in SAMPLING_DTYPES:
+        _fail("model.sampling_dtype", f"must be one of {SAMPLING_DTYPES}, got {c.model.sampling_dtype!r}")
     shape = tuple(c.mesh.shape)
     if len(shape) != 3 or any((s < 1 and s != -1) for s in shape) or shape.count(-1) > 1:
         _fail("mesh.shape", f"must be 3 positive sizes (data, fsdp, tensor) with at most one -1, got {shape}")

@@ -59,7 +59,9 @@ class SelfPlay:
         self.policy = policy or build_policy(config, workdir, mesh_from_config(config))
         if self.policy.tokenizer is None:
             raise ValueError("self-play needs a policy with a tokenizer")
-        self.trainer = Trainer(self.policy, config_lib.optim_config(config), config_lib.loss_config(config))
+        self.trainer = Trainer(self.policy, config_lib.optim_config(config), config_lib.loss_config(config),
+                               sampling_dtype=config.model.sampling_dtype)
+        self.sampler = self.trainer.sampling_policy  # what every stage samples with, refreshed by each update
         self.designer_cfg = config_lib.designer_config(config)
         self.admission_cfg = config_lib.admission_config(config)
         self.agent_cfg = config_lib.agent_config(config)
@@ -76,7 +78,7 @@ class SelfPlay:
         self.corpus = Corpus.from_config(config_lib.corpus_config(config)) if config.corpus.enabled else None
         self.state = LoopState()
         self.lifecycle = Lifecycle(self, config, workdir, self.main)
-        self.context = components_lib.Context(config, self.lifecycle.workdir, self.policy, self.pool, self.agent_cfg,
+        self.context = components_lib.Context(config, self.lifecycle.workdir, self.sampler, self.pool, self.agent_cfg,
                                               self.main, memory_records=lambda: self.memory.records())
         self.components = components_lib.build(self.context, registry or components_lib.REGISTRY)
 
@@ -150,7 +152,7 @@ class SelfPlay:
         cfg = self.config
         with phase_bar("design", 2, enabled=self.context.progress) as bar:
             with chrono("design"):
-                designs = propose(self.policy, self.memory if cfg.memory.enabled else None, self.corpus,
+                designs = propose(self.sampler, self.memory if cfg.memory.enabled else None, self.corpus,
                                   self.designer_cfg, seed=self.context.seed(it, "design"))
             bar.update(1)
             with chrono("admission"):
@@ -211,7 +213,7 @@ class SelfPlay:
         """Environments without a hint get one (`write_hints` samples only in mode "self")."""
         missing = [e for e in envs if e.hint is None]
         hints = write_hints(
-            self.policy, [e.code for e in missing], self.hint_cfg, seed=self.context.seed(it, "hints")
+            self.sampler, [e.code for e in missing], self.hint_cfg, seed=self.context.seed(it, "hints")
         )
         for env, hint in zip(missing, hints):
             env.hint = hint
@@ -238,7 +240,7 @@ class SelfPlay:
         episodes = []
         if requests:
             with phase_bar("episodes", len(requests), enabled=self.context.progress) as bar:
-                episodes = play_episodes(self.policy, self.pool, requests, self.agent_cfg,
+                episodes = play_episodes(self.sampler, self.pool, requests, self.agent_cfg,
                                          seed=self.context.seed(it, "episodes"), progress=bar.update, stats=stats)
         chrono.record("episodes_compile_s", stats.engine.compile_s)
         chrono.record("episodes_device_busy", stats.device_busy_fraction)
@@ -271,7 +273,7 @@ class SelfPlay:
                 samples.setdefault(t.request.env_key, t)
         judged = [i for i in new if i in samples]
         verdicts = review(
-            self.policy,
+            self.sampler,
             [envs[i].code for i in judged],
             [samples[i].messages for i in judged],
             self.review_cfg,

@@ -31,8 +31,9 @@ PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "adm
 
 @dataclasses.dataclass
 class Context:
-    """The run's pieces a side system may use. `memory_records` reads the live memory (a resume
-    replaces it); `heldout_guidance` is the agent components' text for a held-out program."""
+    """The run's pieces a side system may use. `policy` is the one to sample with (the trainer's
+    `sampling_policy`); `memory_records` reads the live memory (a resume replaces it);
+    `heldout_guidance` is the agent components' text for a held-out program."""
 
     config: ml_collections.ConfigDict
     workdir: str
