@@ -1,0 +1,566 @@
+"""The learning ladder's rungs 2 and 3: the designer's learning and the whole loop's, each against controls.
+
+    python bench/rl_ladder_loop.py --rung 2 --study_dir DIR [--seeds 0,1,2] [--iterations 10] [--prompts 32]
+    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] [--iterations 20] \\
+        --agent_token_budget 200000 [--eval_plays 32]
+
+Both run their arms with `bench/learning_study.py` (each run the main job, resumable: a finished
+run is skipped, an unfinished one resumes from its checkpoint), then score checkpoints; every
+score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only does what is missing.
+
+- **rung 2, designer RL with a frozen agent**: the preset with the agent's loss weight 0, a design
+  every iteration scored in its own iteration by the blend reward, ``--slots`` designs over
+  ``--slots / --per_skill`` skills (so per-skill centring has groups of ``--per_skill``), every
+  rejected design trained on the failure penalty; arm ``spade`` trains the designer, arm ``frozen``
+  (`designer.train=False`) has the same prompts' seeds and trains nothing. Measured on ``--prompts``
+  fresh designer prompts (slots, documents and exemplars drawn from seeds no training iteration
+  uses, the initial memory): the initial and each arm's final checkpoint write one design per
+  prompt, admitted by the run's admission, played by the *initial* policy (the designer and agent
+  share weights, so agent weight 0 does not freeze the agent's play inside a run: fixing the
+  player isolates the designer) as the loop plays a new design, scored by the loop's designer
+  reward (`scoring.designer_scores`; a rejected design scores the failure penalty). Paired by
+  prompt, exact two-sided sign test (ties dropped). Bar: on every seed the trained designer's
+  final reward is above the control's final reward with p < 0.05, and >= 50% of its fresh
+  designs are admitted.
+- **rung 3, the whole loop**: arms spade, fixed_pool, frozen, resample, placebo of the study at equal
+  agent tokens; each final checkpoint plays ``--eval_plays`` fresh seeds of every trained family
+  (`BootstrapConfig().envs`), as does the initial policy, on the same seeds and sampling streams
+  (sampled at the agent's temperature). Paired by seed, exact McNemar. The held-out score is what
+  the runs record (`eval.suites`, greedy) at their end and the initial policy's. Bar: on every seed
+  spade's final policy beats the initial one and every control arm's final policy on the trained
+  families with p < 0.05. The held-out score is reported, not part of the bar (its items are not
+  paired here).
+
+Writes ``OUT/rung<N>.json`` (every paired item), ``OUT/rung<N>.md`` (tables, the bar's verdict) and
+``OUT/rung<N>.png``; ``--out`` defaults to ``DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from spade_jax.envs.contract import EPISODE_SEED_SPACE  # noqa: E402
+from spade_jax.progress import progress_bar  # noqa: E402
+from spade_jax.seeds import derive_seed  # noqa: E402
+
+RUNG2_ARMS = ("spade", "frozen")  # trained designer, its control (learning_study.ARMS)
+RUNG3_ARMS = ("spade", "fixed_pool", "frozen", "resample", "placebo")
+PLATEAU = (0.4, 0.6)
+
+
+def _bench(name: str):
+    """A script of bench/ (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"ladder_{name}", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+study = _bench("learning_study")
+sanity = _bench("rl_sanity")
+
+
+# ---- statistics ----------------------------------------------------------------------------
+
+
+def sign_test_p(before, after) -> float:
+    """Exact two-sided paired sign test of ``after`` against ``before`` (item i with item i, ties
+    dropped): McNemar's exact test on the signs of the differences."""
+    before, after = np.asarray(before, float), np.asarray(after, float)
+    if before.shape != after.shape:
+        raise ValueError(f"paired samples differ in shape: {before.shape} and {after.shape}")
+    return sanity.mcnemar_p(after < before, after > before)
+
+
+def paired(before: dict, after: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The values under ``key`` of two scored sets, matched item by item; refuses sets whose items
+    (``before["items"]``: prompt or episode seed ids) differ."""
+    if before["items"] != after["items"]:
+        raise ValueError("the two sets were not scored on the same items")
+    return np.asarray(before[key]), np.asarray(after[key])
+
+
+# ---- runs and their configs ----------------------------------------------------------------
+
+
+def rung2_overrides(args) -> list[str]:
+    """The preset made into rung 2: frozen agent loss, a design per iteration scored in it by the
+    blend, groups of ``per_skill`` designs per skill, rejected designs trained on the penalty."""
+    if args.slots % args.per_skill or args.per_skill < 2:
+        raise SystemExit(f"--slots ({args.slots}) must be a multiple of --per_skill ({args.per_skill}) >= 2")
+    return ["--config.rl.agent_weight=0", "--config.designer.regeneration_period=1",
+            "--config.designer.reward_delay=0", f"--config.designer.num_slots={args.slots}",
+            f"--config.designer.skills_per_regeneration={args.slots // args.per_skill}",
+            "--config.designer.reward.kind=blend", "--config.designer.reward.blend_without_delay=True",
+            "--config.designer.reward.rejected=penalty", "--config.eval.every=0"]
+
+
+def study_args(args, arms) -> argparse.Namespace:
+    """learning_study's arguments for this rung's runs (its report goes beside ours)."""
+    shared_cache = [f"--config.compile_cache_dir={args.study_dir / 'xla_cache'}"]  # runs compile the same programs
+    override = shared_cache + (rung2_overrides(args) if args.rung == 2 else []) + list(args.override)
+    return argparse.Namespace(study_dir=args.study_dir, preset=args.preset, arms=list(arms), seeds=args.seeds,
+                              iterations=args.iterations, agent_token_budget=args.agent_token_budget,
+                              fixed_pool_envs=study.DEFAULT_FIXED_POOL_ENVS, override=override,
+                              report=args.out / f"rung{args.rung}_study.md")
+
+
+def run_arms(args, arms) -> argparse.Namespace:
+    """Runs (or resumes, or skips finished) every arm and seed, then writes learning_study's report
+    of their curves; rung 2 skips the initial held-out evaluation, which it does not read."""
+    sargs = study_args(args, arms)
+    preset = study._preset(args.preset)
+    if args.rung == 2:
+        preset.eval.suites = ""
+    study.run_study(sargs, preset)
+    sargs.report.write_text(study.report(sargs) + "\n")
+    return sargs
+
+
+def run_flags(sargs, arm: str, seed: int) -> list[str]:
+    """The config flags learning_study gave run (``arm``, ``seed``), the preset's path absolute."""
+    path, sep, arg = sargs.preset.partition(":")
+    return [f"--config={REPO / path}{sep}{arg}", f"--config.num_iterations={sargs.iterations}",
+            f"--config.agent_token_budget={sargs.agent_token_budget}",
+            f"--config.bootstrap.cache_dir={sargs.study_dir / 'bootstrap'}", *sargs.override,
+            f"--config.seed={seed}", *study._arm_flags(arm, study._preset(sargs.preset), sargs)]
+
+
+def run_config(sargs, arm: str, seed: int):
+    """The config run (``arm``, ``seed``) was made with, parsed as the main job parses it."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["rl_ladder_loop", *run_flags(sargs, arm, seed)]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "preset", flag_values=values, lock_config=True, sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+def load_policy(config, workdir: Path, checkpoint: str):
+    """``(policy, step)``: the run's policy at ``checkpoint`` ("latest", or "none": the initial one)."""
+    from spade_jax import cli
+
+    policy, step = cli.policy_from(config, str(workdir), checkpoint)
+    return policy, 0 if step is None else step
+
+
+def cached(path: Path, compute) -> dict:
+    """``compute()``'s JSON, kept at ``path``: a rerun reads it instead of scoring again."""
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+    return value
+
+
+def latest_step(workdir: Path) -> int:
+    from spade_jax.selfplay.checkpoint import Checkpointer
+
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), async_save=False)
+    try:
+        step = checkpointer.latest_step()
+    finally:
+        checkpointer.close()
+    if step is None:
+        raise SystemExit(f"{workdir} has no checkpoint: the run did not finish")
+    return step
+
+
+# ---- rung 2: designs for fresh prompts -------------------------------------------------------
+
+
+def initial_memory(config):
+    """The memory a run starts with: the seed library less the held-out programs."""
+    from spade_jax.envs import library
+    from spade_jax.selfplay import config as config_lib
+
+    memory = config_lib.memory(config)
+    if config.memory.seed_library:
+        for env in (e for e in library.SEED_ENVS if e.name not in config.memory.heldout):
+            memory.add_seed(library.load_source(env.name), env.skill, name=env.name)
+    return memory
+
+
+def fresh_designs(designer, config, seed: int, n: int, pool):
+    """One design per fresh prompt (slots, documents, exemplars from seeds training never uses),
+    admitted as the loop admits them. The same (config, seed, n) gives the same prompts."""
+    from spade_jax.designer.corpus import Corpus
+    from spade_jax.designer.rollout import admit_samples, propose
+    from spade_jax.selfplay import config as config_lib
+
+    memory = initial_memory(config) if config.memory.enabled else None
+    corpus = None
+    if config.corpus.enabled:
+        corpus_cfg = dataclasses.replace(config_lib.corpus_config(config), seed=derive_seed(seed, "ladder-corpus"))
+        corpus = Corpus.from_config(corpus_cfg)
+    cfg = dataclasses.replace(config_lib.designer_config(config), num_slots=n)
+    designs = propose(designer, memory, corpus, cfg, seed=derive_seed(seed, "ladder-prompts"))
+    return admit_samples(designs, pool, memory, config_lib.admission_config(config),
+                         seed=derive_seed(seed, "ladder-admission"))
+
+
+def play_designs(player, config, designs, seed: int, pool):
+    """The admitted designs as the loop's new pool: K plain and K hinted plays each (hints and
+    seeds by the loop's rules), recorded into `PoolEnv`s."""
+    from spade_jax.agent import matched_requests, play_episodes, write_hints
+    from spade_jax.selfplay import config as config_lib
+    from spade_jax.selfplay.state import PoolEnv
+
+    hint_cfg, reward_cfg = config_lib.hint_config(config), config_lib.reward_config(config)
+    envs = [PoolEnv(f"fresh{d.slot:03d}", d.report.code, d.skill, d.doc_id, design_iteration=0)
+            for d in designs if d.admitted]
+    for env, hint in zip(envs, write_hints(player, [e.code for e in envs], hint_cfg, seed=derive_seed(seed, "ladder-hints"))):
+        env.hint = hint
+    k, requests = config.agent.episodes_per_env, []
+    for e, env in enumerate(envs):
+        seeds = [derive_seed(seed, "ladder-plays", e, j) % EPISODE_SEED_SPACE for j in range(k)]
+        hinted = None if reward_cfg.matched_seeds else [
+            derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k)]
+        requests += matched_requests(e, env.code, seeds, hint_cfg.mode, env.hint, hint_cfg.placebo_of, hinted)
+    for t in play_episodes(player, pool, requests, config_lib.agent_config(config), seed=derive_seed(seed, "ladder-episodes")):
+        env = envs[t.request.env_key]
+        if t.dropped:
+            env.step_timeouts += 1
+        else:
+            (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, 0))
+    return envs
+
+
+def score_designs(designs, envs, config) -> dict:
+    """The loop's designer reward of every design (`scoring.designer_scores`, in prompt order; a
+    rejected one scores the failure penalty), with its admission and plain win rate."""
+    from spade_jax.selfplay import config as config_lib
+    from spade_jax.selfplay import scoring
+    from spade_jax.selfplay.state import PendingDesign
+
+    reward_cfg = dataclasses.replace(config_lib.reward_config(config), rejected="penalty")  # a reward per prompt
+    stats = scoring.env_statistics(envs, reward_cfg.regret_plays, reward_cfg.matched_seeds)
+    by_id = {e.env_id: s for e, s in zip(envs, stats) if s is not None}
+    env_ids = [f"fresh{d.slot:03d}" if d.admitted else None for d in designs]
+    due = [PendingDesign(0, 0, d.slot, d.skill, d.difficulty, d.doc_id, env_id, d.report.stage, d.report.reason,
+                         [int(x) for x in d.prompt_tokens], [int(x) for x in d.tokens], [float(x) for x in d.logprobs])
+           for d, env_id in zip(designs, env_ids)]
+    scores = scoring.designer_scores(due, by_id, reward_cfg, weight=1.0, delayed=config.designer.reward_delay > 0,
+                                     timed_out=frozenset(e.env_id for e in envs if e.step_timeouts))
+    return {"items": [d.slot for d in designs], "reward": scores.rewards.tolist(),
+            "admitted": [bool(d.admitted) for d in designs], "skill": [d.skill for d in designs],
+            "stage": [d.report.stage for d in designs],
+            "win_rate": [by_id[i].win_rate if i in by_id else None for i in env_ids],
+            "code": [d.report.code if d.admitted else None for d in designs]}
+
+
+def measure_designer(designer, player, config, seed: int, n: int, pool) -> dict:
+    designs = fresh_designs(designer, config, seed, n, pool)
+    return score_designs(designs, play_designs(player, config, designs, seed, pool), config)
+
+
+def rung2(args) -> dict:
+    """Runs rung 2's arms, then scores the initial and final designers per seed on fresh prompts."""
+    from spade_jax.sandbox import SandboxPool
+    from spade_jax.selfplay import config as config_lib
+
+    sargs = run_arms(args, RUNG2_ARMS)
+    records = {}
+    with progress_bar(len(args.seeds) * (1 + len(RUNG2_ARMS)), "rung 2: fresh prompts", unit="designers") as bar:
+        for seed in args.seeds:
+            config = run_config(sargs, "frozen", seed)
+            with SandboxPool(config_lib.sandbox_config(config)) as pool:
+                player, _ = load_policy(config, args.study_dir / "frozen" / f"seed{seed}", "none")
+                record = {"initial": cached(args.study_dir / "ladder" / f"rung2-initial-seed{seed}-n{args.prompts}.json",
+                                            lambda: measure_designer(player, player, config, seed, args.prompts, pool))}
+                bar.update()
+                for arm in RUNG2_ARMS:
+                    workdir = args.study_dir / arm / f"seed{seed}"
+                    step = latest_step(workdir)
+                    path = args.study_dir / "ladder" / f"rung2-{arm}-seed{seed}-step{step}-n{args.prompts}.json"
+                    arm_config = run_config(sargs, arm, seed)
+                    record[arm] = cached(path, lambda: measure_designer(
+                        load_policy(arm_config, workdir, str(step))[0], player, arm_config, seed, args.prompts, pool))
+                    record[arm]["step"] = step
+                    record[arm]["run_admission"] = run_mean(workdir, "designer/admission_rate")
+                    bar.update()
+            records[seed] = record
+    return records
+
+
+def run_mean(workdir: Path, metric: str) -> float | None:
+    values = [row[metric] for row in study._rows(workdir) if metric in row]
+    return float(np.mean(values)) if values else None
+
+
+def rung2_report(records: dict) -> tuple[list[str], bool]:
+    """Markdown lines (per seed: each arm's fresh-prompt reward before -> after with the sign test,
+    trained against control, admission, win rates; sample programs) and whether the bar is met."""
+    lines = ["| seed | arm | reward before → after | p (sign, vs before) | p (sign, vs control after) | "
+             "fresh admission before → after | run admission | admitted win rates (after) | in [0.4, 0.6] |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    met = bool(records)
+    for seed, record in records.items():
+        before = record["initial"]
+        control = record["frozen"]
+        for arm in RUNG2_ARMS:
+            after = record[arm]
+            b, a = paired(before, after, "reward")
+            vs_control = "–"
+            if arm == "spade":
+                c, t = paired(control, after, "reward")
+                p_control = sign_test_p(c, t)
+                vs_control = f"{p_control:.3g} ({c.mean():.3f} → {t.mean():.3f})"
+                met &= p_control < 0.05 and t.mean() > c.mean() and np.mean(after["admitted"]) >= 0.5
+            rates = [w for w in after["win_rate"] if w is not None]
+            lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | {vs_control} | "
+                         f"{np.mean(before['admitted']):.2f} → {np.mean(after['admitted']):.2f} | "
+                         f"{_fmt(after.get('run_admission'))} | {_quantiles(rates)} | {_in_band(rates)} |")
+    lines += ["", "Sample of admitted programs the trained designer wrote at the end (first 3 admitted, "
+              "first 15 lines):", ""]
+    for seed, record in records.items():
+        after = record["spade"]
+        shown = [(s, c, w) for s, c, w in zip(after["skill"], after["code"], after["win_rate"]) if c][:3]
+        for skill, code, win in shown:
+            lines += [f"seed {seed}, skill {skill}, win rate {_fmt(win)}:", "", "```python",
+                      *code.splitlines()[:15], "```", ""]
+        if not shown:
+            lines += [f"seed {seed}: no admitted program.", ""]
+    return lines, met
+
+
+def _fmt(value) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def _quantiles(values) -> str:
+    if not values:
+        return "none admitted"
+    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return f"n={len(values)}: " + " / ".join(f"{v:.2f}" for v in q) + " (min/q1/med/q3/max)"
+
+
+def _in_band(values) -> str:
+    if not values:
+        return "-"
+    return f"{np.mean([PLATEAU[0] <= v <= PLATEAU[1] for v in values]):.2f}"
+
+
+def rung2_plot(records: dict, path: Path) -> None:
+    """Per seed, mean fresh-prompt reward initial / control / trained, and the admitted programs'
+    win rates before and after training."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.5), dpi=110)
+    FigureCanvasAgg(fig)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    width = 0.25
+    seeds = list(records)
+    for i, key in enumerate(("initial",) + RUNG2_ARMS):
+        left.bar(np.arange(len(seeds)) + (i - 1) * width, [np.mean(records[s][key]["reward"]) for s in seeds],
+                 width, label=key if key == "initial" else f"{key} final")
+    left.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
+    left.set_ylabel("designer reward, fresh prompts")
+    left.legend(fontsize=7)
+    for key in ("initial", "spade"):
+        rates = [w for s in seeds for w in records[s][key]["win_rate"] if w is not None]
+        right.hist(rates, bins=np.linspace(0, 1, 11), alpha=0.5, label=key)
+    right.axvspan(*PLATEAU, color="grey", alpha=0.15)
+    right.set_xlabel("admitted programs' plain win rate")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+# ---- rung 3: trained families on fresh seeds --------------------------------------------------
+
+
+def family_seeds(seed: int, plays: int) -> dict[str, list[int]]:
+    """``plays`` fresh episode seeds per trained family (the bootstrap's), fixed by the run seed."""
+    from spade_jax.bootstrap import BootstrapConfig
+
+    return {name: [derive_seed(seed, "ladder-families", name, j) % EPISODE_SEED_SPACE for j in range(plays)]
+            for name in BootstrapConfig().envs}
+
+
+def play_families(policy, config, seeds: dict[str, list[int]], stream: int, pool) -> dict:
+    """Plain plays of each family on its seeds (one sampling stream); wins by (family, seed)."""
+    from spade_jax.agent.rollout import EpisodeRequest, play_episodes
+    from spade_jax.envs import library
+    from spade_jax.selfplay import config as config_lib
+
+    items = [(name, s) for name, family in seeds.items() for s in family]
+    names = list(seeds)
+    requests = [EpisodeRequest(names.index(n), library.load_source(n), int(s)) for n, s in items]
+    trajectories = play_episodes(policy, pool, requests, config_lib.agent_config(config), seed=stream)
+    return {"items": [f"{n}/{s}" for n, s in items], "won": [bool(t.won) for t in trajectories]}
+
+
+def rung3(args) -> dict:
+    """Runs rung 3's arms, then plays the trained families with the initial and each final policy."""
+    from spade_jax.sandbox import SandboxPool
+    from spade_jax.selfplay import config as config_lib
+
+    sargs = run_arms(args, args.arms)
+    records = {}
+    with progress_bar(len(args.seeds) * (1 + len(args.arms)), "rung 3: trained families", unit="policies") as bar:
+        for seed in args.seeds:
+            seeds, stream = family_seeds(seed, args.eval_plays), derive_seed(seed, "ladder-families-stream")
+            config = run_config(sargs, "spade", seed)
+            with SandboxPool(config_lib.sandbox_config(config)) as pool:
+                initial, _ = load_policy(config, args.study_dir / "spade" / f"seed{seed}", "none")
+                record = {"initial": cached(
+                    args.study_dir / "ladder" / f"rung3-initial-seed{seed}-n{args.eval_plays}.json",
+                    lambda: play_families(initial, config, seeds, stream, pool))}
+                bar.update()
+                for arm in args.arms:
+                    workdir = args.study_dir / arm / f"seed{seed}"
+                    step = latest_step(workdir)
+                    arm_config = run_config(sargs, arm, seed)
+                    path = args.study_dir / "ladder" / f"rung3-{arm}-seed{seed}-step{step}-n{args.eval_plays}.json"
+                    record[arm] = cached(path, lambda: play_families(
+                        load_policy(arm_config, workdir, str(step))[0], arm_config, seeds, stream, pool))
+                    rows = [row for row in study._rows(workdir) if "iteration" in row]
+                    key = study._heldout_key(rows)
+                    record[arm].update(step=step, iterations=len(rows),
+                                       agent_tokens=int(sum(r.get("agent/generated_tokens", 0) for r in rows)),
+                                       heldout=next((r[key] for r in reversed(rows) if key in r), None) if key else None)
+                    bar.update()
+            records[seed] = record
+    return {"records": records, "initial_heldout": study._initial_heldout(args.study_dir)}
+
+
+def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
+    """One table per arm: per seed the trained families' win rate initial -> final (McNemar), final
+    against spade's final (McNemar), held-out score initial -> end; and whether the bar is met."""
+    records, initial_heldout = result["records"], result["initial_heldout"]
+    met = bool(records) and "spade" in arms
+    lines = []
+    for arm in arms:
+        lines += ["", f"**{arm}**", "", "| seed | trained families initial → final | p (McNemar, vs initial) | "
+                  "p (McNemar, vs spade final) | held-out initial → end | agent tokens | iterations |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for seed, record in records.items():
+            b, a = paired(record["initial"], record[arm], "won")
+            p_initial = sanity.mcnemar_p(b.astype(bool), a.astype(bool))
+            vs_spade = "–"
+            if arm == "spade":
+                met &= p_initial < 0.05 and a.mean() > b.mean()
+            elif "spade" in record:
+                c, s = paired(record[arm], record["spade"], "won")
+                p_spade = sanity.mcnemar_p(c.astype(bool), s.astype(bool))
+                vs_spade = f"{p_spade:.3g} ({a.mean():.3f} vs {s.mean():.3f})"
+                met &= p_spade < 0.05 and s.mean() > c.mean()
+            lines.append(f"| {seed} | {b.mean():.3f} → {a.mean():.3f} | {p_initial:.3g} | {vs_spade} | "
+                         f"{_fmt(initial_heldout)} → {_fmt(record[arm]['heldout'])} | {record[arm]['agent_tokens']} | "
+                         f"{record[arm]['iterations']} |")
+    return lines, met
+
+
+def rung3_plot(result: dict, arms, path: Path) -> None:
+    """Trained families' win rate per arm (initial first), one bar group per seed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = result["records"]
+    fig = Figure(figsize=(7, 3.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    keys = ["initial", *arms]
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        ax.bar(np.arange(len(records)) + i * width, [np.mean(r[key]["won"]) for r in records.values()], width,
+               label=key)
+    ax.set_xticks(np.arange(len(records)) + 0.4 - width / 2, [f"seed {s}" for s in records])
+    ax.set_ylabel("win rate, trained families, fresh seeds")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+# ---- the command line -----------------------------------------------------------------------
+
+
+def command(args) -> str:
+    flags = [f"--rung {args.rung}", f"--study_dir {args.study_dir}", f"--preset {args.preset}",
+             f"--seeds {','.join(map(str, args.seeds))}", f"--iterations {args.iterations}"]
+    if args.rung == 2:
+        flags += [f"--prompts {args.prompts}", f"--slots {args.slots}", f"--per_skill {args.per_skill}"]
+    else:
+        flags += [f"--arms {','.join(args.arms)}", f"--eval_plays {args.eval_plays}"]
+    if args.agent_token_budget:
+        flags.append(f"--agent_token_budget {args.agent_token_budget}")
+    flags += [f"--override={o}" for o in args.override]
+    return "python bench/rl_ladder_loop.py " + " ".join(flags)
+
+
+def write_report(args, result, lines: list[str], met: bool, seconds: float) -> str:
+    title = "designer RL with a frozen agent" if args.rung == 2 else "the whole loop"
+    text = "\n".join([f"# Rung {args.rung}: {title}", "", f"`{command(args)}` ({seconds:.0f} s this invocation, "
+                      f"{time.strftime('%Y-%m-%d %H:%M')}; the runs' curves: `rung{args.rung}_study.md`)", "", *lines,
+                      "", f"**Bar {'met' if met else 'not met'}.**"]) + "\n"
+    (args.out / f"rung{args.rung}.md").write_text(text)
+    (args.out / f"rung{args.rung}.json").write_text(json.dumps({"command": command(args), "bar_met": met,
+                                                                "result": result}))
+    return text
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rung", type=int, choices=(2, 3), required=True)
+    parser.add_argument("--study_dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: --study_dir)")
+    parser.add_argument("--preset", default=study.DEFAULT_PRESET)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="iterations per run; with --agent_token_budget, the most a run may take")
+    parser.add_argument("--agent_token_budget", type=int, default=0, help="rung 3: equal agent tokens per run")
+    parser.add_argument("--prompts", type=int, default=32, help="rung 2: fresh designer prompts per seed")
+    parser.add_argument("--slots", type=int, default=8, help="rung 2: designs per iteration")
+    parser.add_argument("--per_skill", type=int, default=2, help="rung 2: designs per skill per iteration")
+    parser.add_argument("--arms", default=",".join(RUNG3_ARMS), help="rung 3: learning_study arms")
+    parser.add_argument("--eval_plays", type=int, default=32, help="rung 3: fresh seeds per trained family")
+    parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
+    args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in args.arms if a not in study.ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {list(study.ARMS)}")
+    args.study_dir = args.study_dir.resolve()
+    args.out = (args.out or args.study_dir).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main(argv=None) -> str:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    if args.rung == 2:
+        result = rung2(args)
+        lines, met = rung2_report(result)
+        rung2_plot(result, args.out / "rung2.png")
+    else:
+        result = rung3(args)
+        lines, met = rung3_report(result, args.arms)
+        rung3_plot(result, args.arms, args.out / "rung3.png")
+    text = write_report(args, result, lines, met, time.perf_counter() - started)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
