@@ -9,14 +9,16 @@ usage() {
 usage: bash launch/gpu.sh [options] [-- spade_jax.main flags]
 
 Runs `python -m spade_jax.main` on NVIDIA GPUs: on one node, on several nodes with explicit
-ranks (run it on each node), or under SLURM. Installs jax[cuda13] into .venv on first use
-(set SPADE_JAX_EXTRA to pick another extra).
+ranks (run it on each node), or under SLURM. Installs jax[cuda13] at the stack's jax version
+into its venv on first use (set SPADE_JAX_EXTRA to pick another extra).
 
 options (--opt=value or --opt value):
   --nodes N            number of nodes (default 1)
   --node_rank R        this node's rank, 0..N-1 (default 0)
   --coordinator H:P    node 0's address; required when --nodes > 1 (default none)
   --slurm              take nodes and ranks from SLURM (SPADE_DISTRIBUTED=auto)
+  --stack S            pinned (jax 0.10.2, .venv) or latest (jax 0.12, Python 3.12,
+                       .venv-latest); see launch/setup_env.sh --help (default pinned)
   --dry-run            print the commands instead of running them
   -h, --help           print this help and exit
 
@@ -30,7 +32,7 @@ examples:
 USAGE
 }
 
-nodes=1 node_rank=0 coordinator="" slurm=0 dry=0
+nodes=1 node_rank=0 coordinator="" slurm=0 dry=0 stack=pinned
 source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
   OPT_SHIFT=1
@@ -38,6 +40,7 @@ while (($#)); do
     --nodes | --nodes=*) option_value gpu.sh "$@"; nodes="$OPT_VALUE" ;;
     --node_rank | --node_rank=*) option_value gpu.sh "$@"; node_rank="$OPT_VALUE" ;;
     --coordinator | --coordinator=*) option_value gpu.sh "$@"; coordinator="$OPT_VALUE" ;;
+    --stack | --stack=*) option_value gpu.sh "$@"; stack="$OPT_VALUE" ;;
     --slurm) slurm=1 ;;
     --dry-run) dry=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -54,14 +57,20 @@ run() {
   if ((dry)); then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
+case "$stack" in
+  pinned) suffix="" ;;
+  latest) suffix="-latest" ;;
+  *) echo "gpu.sh: --stack must be pinned or latest (got $stack)" >&2; exit 2 ;;
+esac
+jax_version="$(sed -n 's/^jax==//p' "$root/requirements$suffix.txt")"
 extra="${SPADE_JAX_EXTRA:-cuda13}"
 if ((dry)); then
-  py="$root/.venv/bin/python"
-  echo "bash $root/launch/setup_env.sh && $py -m pip install 'jax[$extra]==0.10.2'"
+  py="$root/.venv$suffix/bin/python"
+  echo "bash $root/launch/setup_env.sh --stack=$stack && $py -m pip install 'jax[$extra]==$jax_version'"
 else
-  py="$(bash "$root/launch/setup_env.sh")"
+  py="$(bash "$root/launch/setup_env.sh" --stack="$stack")"
   "$py" -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null \
-    || "$py" -m pip install -q "jax[$extra]==0.10.2"
+    || "$py" -m pip install -q "jax[$extra]==$jax_version"
 fi
 
 cd "$root"

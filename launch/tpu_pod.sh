@@ -10,7 +10,7 @@ usage() {
 usage: bash launch/tpu_pod.sh --name NAME --zone ZONE --accelerator TYPE [options] [-- spade_jax.main flags]
 
 Creates (or reuses) a Cloud TPU VM slice with gcloud, copies this checkout to every worker,
-installs it there (.venv with jax[tpu]), optionally copies model weights from a bucket to
+installs it there (.venv with jax[tpu] at the stack's jax version), optionally copies model weights from a bucket to
 each worker's disk, and starts `python -m spade_jax.main` on all workers at once
 (jax.distributed finds its peers: SPADE_DISTRIBUTED=auto). Each worker logs to
 ~/spade_job.log.
@@ -22,6 +22,9 @@ options (--opt=value or --opt value):
   --version V            the TPU VM software version (default tpu-ubuntu2204-base)
   --project P            the gcloud project (default: gcloud's configured project)
   --spot                 create a Spot VM
+  --stack S              pinned (requirements.txt, jax 0.10.2, the workers' python3) or
+                         latest (requirements-latest.txt, jax 0.12, the workers' python3.12)
+                         (default pinned)
   --model_bucket URL     copied to ~/model on every worker and passed as
                          --config.model.path (default none)
   --workdir DIR          the job's --workdir (default ~/spade_runs/<name> on the workers'
@@ -40,7 +43,7 @@ USAGE
 }
 
 name="" zone="" accelerator="" version="tpu-ubuntu2204-base" project="" spot=0 dry=0
-model_bucket="" workdir=""
+model_bucket="" workdir="" stack=pinned
 source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
   OPT_SHIFT=1
@@ -52,6 +55,7 @@ while (($#)); do
     --project | --project=*) option_value tpu_pod.sh "$@"; project="$OPT_VALUE" ;;
     --model_bucket | --model_bucket=*) option_value tpu_pod.sh "$@"; model_bucket="$OPT_VALUE" ;;
     --workdir | --workdir=*) option_value tpu_pod.sh "$@"; workdir="$OPT_VALUE" ;;
+    --stack | --stack=*) option_value tpu_pod.sh "$@"; stack="$OPT_VALUE" ;;
     --spot) spot=1 ;;
     --dry-run) dry=1 ;;
     -h | --help) usage; exit 0 ;;
@@ -62,6 +66,12 @@ while (($#)); do
 done
 [[ -n "$name" && -n "$zone" && -n "$accelerator" ]] || {
   echo "tpu_pod.sh: --name, --zone and --accelerator are required (see --help)" >&2; exit 2; }
+case "$stack" in
+  pinned) suffix="" worker_python=python3 ;;
+  latest) suffix="-latest" worker_python=python3.12 ;;
+  *) echo "tpu_pod.sh: --stack must be pinned or latest (got $stack)" >&2; exit 2 ;;
+esac
+jax_version="$(sed -n 's/^jax==//p' "$root/requirements$suffix.txt")"
 workdir="${workdir:-../spade_runs/$name}"
 gc=(gcloud compute tpus tpu-vm)
 scope=(--zone="$zone")
@@ -78,13 +88,13 @@ if ((dry)) || ! "${gc[@]}" describe "$name" "${scope[@]}" >/dev/null 2>&1; then
 fi
 
 bundle="/tmp/spade_jax_$name.tar.gz"
-run tar -czf "$bundle" -C "$root" --exclude=.venv --exclude=.git --exclude='workdir*' .
+run tar -czf "$bundle" -C "$root" --exclude='.venv*' --exclude=.git --exclude='workdir*' .
 run "${gc[@]}" scp "$bundle" "$name:~/spade_jax.tar.gz" "${scope[@]}" --worker=all
 
 setup='set -e; mkdir -p ~/spade_jax && tar -xzf ~/spade_jax.tar.gz -C ~/spade_jax && cd ~/spade_jax'
-setup+=' && python3 -m venv .venv && .venv/bin/pip install -q -U pip'
-setup+=' && .venv/bin/pip install -q -r requirements.txt "jax[tpu]==0.10.2"'
-setup+=' && .venv/bin/pip install -q --no-deps -r requirements-nodeps.txt && .venv/bin/pip install -q --no-deps -e .'
+setup+=" && $worker_python -m venv .venv && .venv/bin/pip install -q -U pip"
+setup+=" && .venv/bin/pip install -q -r requirements$suffix.txt 'jax[tpu]==$jax_version'"
+setup+=" && .venv/bin/pip install -q --no-deps -r requirements-nodeps$suffix.txt && .venv/bin/pip install -q --no-deps -e ."
 if [[ -n "$model_bucket" ]]; then
   setup+=" && mkdir -p ~/model && gcloud storage cp -r '$model_bucket/*' ~/model/"
 fi

@@ -91,7 +91,11 @@ def test_help_documents_each_option_and_its_default():
     for text in ("NUM_PROCESSES", "SPADE_DEVICES_PER_PROCESS", "(default 1)", "SPADE_LOG_DIR", "(default /tmp)"):
         assert text in mp
     assert "--workdir=workdirs/tiny" in launch("run_local.sh", "--help").stdout
-    assert "--test" in launch("setup_env.sh", "--help").stdout
+    setup = launch("setup_env.sh", "--help").stdout
+    for text in ("--test", "--stack S", "default pinned", ".venv-latest", "python3.12"):
+        assert text in setup
+    for script in ("gpu.sh", "tpu_pod.sh"):
+        assert "--stack S" in launch(script, "--help").stdout
 
 
 GPU_MAIN = ["--", "--config=configs/qwen3_0p6b.py", "--config.rl.lr", "1e-5", "--workdir=runs/q"]
@@ -197,3 +201,76 @@ def test_run_local_forwards_flags_and_defaults_the_workdir(args, workdir, fake_p
     assert proc.returncode == 0, proc.stderr
     assert calls()[-1]["argv"] == ["-m", "spade_jax.main", *flags, *workdir]
     assert all(c["argv"][:2] == ["-m", "pip"] for c in calls()[:-1])
+
+
+def pinned_jax(stack: str) -> str:
+    name = "requirements.txt" if stack == "pinned" else "requirements-latest.txt"
+    [version] = [line[len("jax=="):] for line in (REPO / name).read_text().splitlines() if line.startswith("jax==")]
+    return version
+
+
+def test_the_latest_stack_pins_the_same_packages_and_a_newer_jax():
+    def names(path):
+        lines = (REPO / path).read_text().splitlines()
+        return {line.split("==")[0].lower() for line in lines if line and not line.startswith(("#", "-r"))}
+    moved = {"gymnax"}  # declares jax<0.12: --no-deps in requirements-nodeps-latest.txt, its deps pinned instead
+    assert names("requirements-latest.txt") == names("requirements.txt") - moved | {"gymnasium", "seaborn"}
+    assert names("requirements-nodeps-latest.txt") == moved
+    assert names("requirements-test-latest.txt") == names("requirements-test.txt")
+    as_tuple = lambda v: tuple(int(part) for part in v.split("."))  # noqa: E731
+    assert as_tuple(pinned_jax("latest")) > as_tuple(pinned_jax("pinned"))
+
+
+@pytest.mark.parametrize("stack,suffix", [("pinned", ""), ("latest", "-latest")])
+def test_setup_env_installs_the_stacks_files_once(stack, suffix, fake_python):
+    env, calls = fake_python
+    env = dict(env, PYTHON="true")  # passes the version check; the fake venv exists already
+    for _ in range(2):  # the second run finds both stamps current and installs nothing
+        proc = launch("setup_env.sh", "--test", "--stack", stack, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == env["SPADE_PYTHON"]
+    installed = [c["argv"][c["argv"].index("install"):] for c in calls()]
+    r = lambda name: str(REPO / name)  # noqa: E731
+    assert [args[-2:] for args in installed] == [
+        ["-r", r(f"requirements{suffix}.txt")], ["-r", r(f"requirements-nodeps{suffix}.txt")], ["-e", str(REPO)],
+        ["-r", r(f"requirements-test{suffix}.txt")]]
+    assert ["--no-deps" in args for args in installed] == [False, True, True, False]
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--stack=newest"], 2, "--stack must be pinned or latest"),
+    (["--stack"], 2, "--stack needs a value"),
+    (["--stack=latest"], 1, "latest stack needs Python >= 3.12 (found: no false)"),
+    (["--test"], 1, "pinned stack needs Python >= 3.11 (found: no false)"),
+])
+def test_setup_env_refusals(args, code, message, no_venv_env, tmp_path):
+    proc = launch("setup_env.sh", *args, env=no_venv_env)
+    assert proc.returncode == code and message in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("stack", ["pinned", "latest"])
+def test_gpu_installs_the_cuda_jax_of_its_stack(stack):
+    proc = launch("gpu.sh", "--dry-run", f"--stack={stack}", *GPU_MAIN)
+    assert proc.returncode == 0, proc.stderr
+    venv = ".venv" if stack == "pinned" else ".venv-latest"
+    setup, job = proc.stdout.splitlines()
+    assert setup == (f"bash {LAUNCH}/setup_env.sh --stack={stack} && {REPO}/{venv}/bin/python -m pip install "
+                     f"'jax[cuda13]=={pinned_jax(stack)}'")
+    assert job.startswith(f"{REPO}/{venv}/bin/python -m spade_jax.main ")
+
+
+@pytest.mark.parametrize("stack,python,suffix", [("pinned", "python3", ""), ("latest", "python3.12", "-latest")])
+def test_tpu_pod_installs_the_tpu_jax_of_its_stack(stack, python, suffix):
+    proc = launch("tpu_pod.sh", "--name=p", "--zone=z", "--accelerator=v4-8", "--dry-run", "--stack", stack)
+    assert proc.returncode == 0, proc.stderr
+    setup = proc.stdout.splitlines()[3].replace("\\", "")
+    for text in (f"&& {python} -m venv .venv ", f"install -q -r requirements{suffix}.txt 'jax[tpu]=={pinned_jax(stack)}'",
+                 f"--no-deps -r requirements-nodeps{suffix}.txt "):
+        assert text in setup
+
+
+@pytest.mark.parametrize("script,args", [("gpu.sh", []), ("tpu_pod.sh", ["--name=p", "--zone=z", "--accelerator=v4-8"])])
+def test_launchers_refuse_an_unknown_stack(script, args):
+    proc = launch(script, *args, "--dry-run", "--stack=newest")
+    assert proc.returncode == 2 and "--stack must be pinned or latest" in proc.stderr and proc.stdout == ""
