@@ -120,10 +120,11 @@ def study_args(args, arms) -> argparse.Namespace:
 
 def run_arms(args, arms) -> argparse.Namespace:
     """Runs (or resumes, or skips finished) every arm and seed, then writes learning_study's report
-    of their curves; rung 2 skips the initial held-out evaluation, which it does not read."""
+    of their curves. The initial policy's held-out score is evaluated only when the runs evaluate
+    theirs (`eval.every` > 0: rung 2 and the runlocal preset do not)."""
     sargs = study_args(args, arms)
     preset = study._preset(args.preset)
-    if args.rung == 2:
+    if not run_config(sargs, arms[0], args.seeds[0]).eval.every:
         preset.eval.suites = ""
     study.run_study(sargs, preset)
     sargs.report.write_text(study.report(sargs) + "\n")

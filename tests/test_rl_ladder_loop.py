@@ -1,0 +1,105 @@
+"""bench/rl_ladder_loop.py: the paired tests on hand-computed cases, the reports' verdicts on hand-made
+records, and both rungs end to end on the runlocal preset (one seed, one iteration)."""
+
+import json
+
+import pytest
+
+from spade_jax.bootstrap import BootstrapConfig
+
+
+@pytest.fixture(scope="module")
+def ladder(bench_script):
+    return bench_script("rl_ladder_loop")
+
+
+def test_the_sign_test_pairs_item_by_item_and_drops_ties(ladder):
+    before = [0.0, 0.5, 1.0, 0.2, 0.3, 0.3]
+    after = [1.0, 0.6, 1.0, 0.1, 0.9, 0.8]  # 4 up, 1 down, 1 tie: 2 * (C(5,0) + C(5,1)) / 2**5
+    assert ladder.sign_test_p(before, after) == pytest.approx(0.375)
+    assert ladder.sign_test_p([0.0] * 6, [1.0] * 6) == pytest.approx(2 / 2 ** 6)
+    assert ladder.sign_test_p(before, before) == 1.0
+    with pytest.raises(ValueError):
+        ladder.sign_test_p([0.0, 1.0], [0.0, 1.0, 1.0])
+
+
+def test_pairing_refuses_sets_scored_on_other_items(ladder):
+    with pytest.raises(ValueError, match="same items"):
+        ladder.paired({"items": [0, 1], "reward": [0, 1]}, {"items": [1, 0], "reward": [1, 0]}, "reward")
+
+
+def _designs(rewards, admitted=None, items=None):
+    admitted = [True] * len(rewards) if admitted is None else admitted
+    return {"items": list(range(len(rewards))) if items is None else items, "reward": rewards,
+            "admitted": admitted, "skill": ["logic"] * len(rewards), "stage": ["ok"] * len(rewards),
+            "win_rate": [0.5 if a else None for a in admitted],
+            "code": ["def solve():\n    return 1" if a else None for a in admitted], "run_admission": 0.75}
+
+
+def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitted(ladder):
+    initial = [-1.0, -1.0, 0.0, 0.2, 0.5, -1.0]
+    trained = [0.6, 0.6, 0.6, 0.6, 0.9, 0.6]  # above the control on all 6 prompts: p = 2 / 2**6
+    records = {0: {"initial": _designs(initial), "frozen": _designs(initial), "spade": _designs(trained)}}
+    lines, met = ladder.rung2_report(records)
+    spade_row = next(line for line in lines if line.startswith("| 0 | spade |"))
+    assert "-0.383 → 0.650 | 0.0312 | 0.0312 (-0.383 → 0.650)" in spade_row
+    assert next(line for line in lines if line.startswith("| 0 | frozen |")).split(" | ")[3] == "1"
+    assert met and "def solve():" in "\n".join(lines)
+
+    records[0]["spade"] = _designs(trained, admitted=[True, True, False, False, False, False])
+    assert not ladder.rung2_report(records)[1]  # a third admitted
+    records[0]["spade"] = _designs(trained, items=[5, 4, 3, 2, 1, 0])
+    with pytest.raises(ValueError):
+        ladder.rung2_report(records)
+    assert not ladder.rung2_report({0: {k: _designs(initial) for k in ("initial", "frozen", "spade")}})[1]
+
+
+def _plays(won, **extra):
+    return {"items": [f"p/{i}" for i in range(len(won))], "won": won, "heldout": 0.25, "agent_tokens": 100,
+            "iterations": 2, **extra}
+
+
+def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder):
+    initial = [False] * 8
+    spade = [True] * 7 + [False]  # 7 discordant, all won after: p = 2 / 2**7
+    records = {0: {"initial": _plays(initial), "spade": _plays(spade), "frozen": _plays(initial)}}
+    lines, met = ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["spade", "frozen"])
+    rows = [line for line in lines if line.startswith("| 0 |")]
+    assert rows[0].startswith("| 0 | 0.000 → 0.875 | 0.0156 | – | 0.100 → 0.250 | 100 | 2 |")
+    assert rows[1].startswith("| 0 | 0.000 → 0.000 | 1 | 0.0156 (0.000 vs 0.875) |")
+    assert met
+    records[0]["frozen"] = _plays(spade)
+    assert not ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["spade", "frozen"])[1]
+    assert not ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["frozen"])[1]  # controls alone
+
+
+def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, ladder, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")  # the runs: one device, fast compiles
+    shared = [f"--override=--config.bootstrap.cache_dir={tiny_bootstrap_cache}",
+              f"--override=--config.compile_cache_dir={tmp_path / 'xla'}"]
+    common = ["--preset", "configs/tiny.py:runlocal", "--seeds", "0", "--iterations", "1", *shared]
+    rung2 = ["--rung", "2", "--study_dir", str(tmp_path / "r2"), "--prompts", "3", "--slots", "2", *common]
+    ladder.main(rung2)
+    result = json.loads((tmp_path / "r2" / "rung2.json").read_text())
+    record = result["result"]["0"]
+    assert {k: record[k]["items"] for k in record} == {k: [0, 1, 2] for k in ("initial", "spade", "frozen")}
+    assert all(len(record[k]["reward"]) == 3 for k in record)
+    text = (tmp_path / "r2" / "rung2.md").read_text()
+    assert "| 0 | spade |" in text and "| 0 | frozen |" in text
+    assert text.rstrip().endswith(f"**Bar {'met' if result['bar_met'] else 'not met'}.**")
+    assert (tmp_path / "r2" / "rung2.png").stat().st_size and (tmp_path / "r2" / "rung2_study.md").exists()
+
+    capsys.readouterr()
+    ladder.main(rung2)  # resumed: runs and scores are read, not redone
+    out = capsys.readouterr().out
+    assert "spade seed 0: finished" in out and "frozen seed 0: finished" in out and "$ " not in out
+
+    ladder.main(["--rung", "3", "--study_dir", str(tmp_path / "r3"), "--arms", "spade,frozen", "--eval_plays", "1",
+                 *common])
+    result = json.loads((tmp_path / "r3" / "rung3.json").read_text())
+    record = result["result"]["records"]["0"]
+    assert record["initial"]["items"] == record["spade"]["items"] == record["frozen"]["items"]
+    assert len(record["spade"]["won"]) == len(BootstrapConfig().envs)  # one fresh seed of each trained family
+    text = (tmp_path / "r3" / "rung3.md").read_text()
+    assert "**spade**" in text and "**frozen**" in text and "p (McNemar, vs spade final)" in text
+    assert (tmp_path / "r3" / "rung3.png").stat().st_size
