@@ -153,11 +153,10 @@ def run_config(sargs, arm: str, seed: int):
 
 
 def load_policy(config, workdir: Path, checkpoint: str):
-    """``(policy, step)``: the run's policy at ``checkpoint`` ("latest", or "none": the initial one)."""
+    """The run's policy at ``checkpoint`` (a step, or "none": the initial weights)."""
     from spade_jax import cli
 
-    policy, step = cli.policy_from(config, str(workdir), checkpoint)
-    return policy, 0 if step is None else step
+    return cli.policy_from(config, str(workdir), checkpoint)[0]
 
 
 def cached(path: Path, compute) -> dict:
@@ -282,7 +281,7 @@ def rung2(args) -> dict:
         for seed in args.seeds:
             config = run_config(sargs, "frozen", seed)
             with SandboxPool(config_lib.sandbox_config(config)) as pool:
-                player, _ = load_policy(config, args.study_dir / "frozen" / f"seed{seed}", "none")
+                player = load_policy(config, args.study_dir / "frozen" / f"seed{seed}", "none")
                 record = {"initial": cached(args.study_dir / "ladder" / f"rung2-initial-seed{seed}-n{args.prompts}.json",
                                             lambda: measure_designer(player, player, config, seed, args.prompts, pool))}
                 bar.update()
@@ -292,7 +291,7 @@ def rung2(args) -> dict:
                     path = args.study_dir / "ladder" / f"rung2-{arm}-seed{seed}-step{step}-n{args.prompts}.json"
                     arm_config = run_config(sargs, arm, seed)
                     record[arm] = cached(path, lambda: measure_designer(
-                        load_policy(arm_config, workdir, str(step))[0], player, arm_config, seed, args.prompts, pool))
+                        load_policy(arm_config, workdir, str(step)), player, arm_config, seed, args.prompts, pool))
                     record[arm]["step"] = step
                     record[arm]["run_admission"] = run_mean(workdir, "designer/admission_rate")
                     bar.update()
@@ -309,7 +308,7 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
     """Markdown lines (per seed: each arm's fresh-prompt reward before -> after with the sign test,
     trained against control, admission, win rates; sample programs) and whether the bar is met."""
     lines = ["| seed | arm | reward before → after | p (sign, vs before) | p (sign, vs control after) | "
-             "fresh admission before → after | run admission | admitted win rates (after) | in [0.4, 0.6] |",
+             "fresh admission before → after | run admission | admitted win rates (after) | in [0.4, 0.6] before → after |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     met = bool(records)
     for seed, record in records.items():
@@ -327,7 +326,8 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
             rates = [w for w in after["win_rate"] if w is not None]
             lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | {vs_control} | "
                          f"{np.mean(before['admitted']):.2f} → {np.mean(after['admitted']):.2f} | "
-                         f"{_fmt(after.get('run_admission'))} | {_quantiles(rates)} | {_in_band(rates)} |")
+                         f"{_fmt(after.get('run_admission'))} | {_quantiles(rates)} | "
+                         f"{_in_band(before['win_rate'])} → {_in_band(after['win_rate'])} |")
     lines += ["", "Sample of admitted programs the trained designer wrote at the end (first 3 admitted, "
               "first 15 lines):", ""]
     for seed, record in records.items():
@@ -352,7 +352,9 @@ def _quantiles(values) -> str:
     return f"n={len(values)}: " + " / ".join(f"{v:.2f}" for v in q) + " (min/q1/med/q3/max)"
 
 
-def _in_band(values) -> str:
+def _in_band(win_rates) -> str:
+    """The share of admitted designs (win rate not None) whose win rate lies in the plateau band."""
+    values = [w for w in win_rates if w is not None]
     if not values:
         return "-"
     return f"{np.mean([PLATEAU[0] <= v <= PLATEAU[1] for v in values]):.2f}"
@@ -421,7 +423,7 @@ def rung3(args) -> dict:
             seeds, stream = family_seeds(seed, args.eval_plays), derive_seed(seed, "ladder-families-stream")
             config = run_config(sargs, "spade", seed)
             with SandboxPool(config_lib.sandbox_config(config)) as pool:
-                initial, _ = load_policy(config, args.study_dir / "spade" / f"seed{seed}", "none")
+                initial = load_policy(config, args.study_dir / "spade" / f"seed{seed}", "none")
                 record = {"initial": cached(
                     args.study_dir / "ladder" / f"rung3-initial-seed{seed}-n{args.eval_plays}.json",
                     lambda: play_families(initial, config, seeds, stream, pool))}
@@ -432,7 +434,7 @@ def rung3(args) -> dict:
                     arm_config = run_config(sargs, arm, seed)
                     path = args.study_dir / "ladder" / f"rung3-{arm}-seed{seed}-step{step}-n{args.eval_plays}.json"
                     record[arm] = cached(path, lambda: play_families(
-                        load_policy(arm_config, workdir, str(step))[0], arm_config, seeds, stream, pool))
+                        load_policy(arm_config, workdir, str(step)), arm_config, seeds, stream, pool))
                     rows = [row for row in study._rows(workdir) if "iteration" in row]
                     key = study._heldout_key(rows)
                     record[arm].update(step=step, iterations=len(rows),
@@ -528,7 +530,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--iterations", type=int, default=10,
                         help="iterations per run; with --agent_token_budget, the most a run may take")
-    parser.add_argument("--agent_token_budget", type=int, default=0, help="rung 3: equal agent tokens per run")
+    parser.add_argument("--agent_token_budget", type=int, default=0,
+                        help="every run ends once its agent generated this many tokens (required by rung 3)")
     parser.add_argument("--prompts", type=int, default=32, help="rung 2: fresh designer prompts per seed")
     parser.add_argument("--slots", type=int, default=8, help="rung 2: designs per iteration")
     parser.add_argument("--per_skill", type=int, default=2, help="rung 2: designs per skill per iteration")
@@ -536,6 +539,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval_plays", type=int, default=32, help="rung 3: fresh seeds per trained family")
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     args = parser.parse_args(argv)
+    if args.rung == 3 and not args.agent_token_budget:
+        parser.error("rung 3 compares its arms at equal agent compute: give --agent_token_budget")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in args.arms if a not in study.ARMS]

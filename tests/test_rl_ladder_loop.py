@@ -95,7 +95,7 @@ def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, la
     assert "spade seed 0: finished" in out and "frozen seed 0: finished" in out and "$ " not in out
 
     ladder.main(["--rung", "3", "--study_dir", str(tmp_path / "r3"), "--arms", "spade,frozen", "--eval_plays", "1",
-                 *common])
+                 "--agent_token_budget", "1000000", *common])
     result = json.loads((tmp_path / "r3" / "rung3.json").read_text())
     record = result["result"]["records"]["0"]
     assert record["initial"]["items"] == record["spade"]["items"] == record["frozen"]["items"]
