@@ -119,6 +119,8 @@ class AgentConfig:
     hinted_like_plain: bool = False
     rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
     refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
+    kv_cache: str = "contiguous"  # the engine's KV cache: "contiguous" rows or "paged" (see sampling/paged_cache.py)
+    page_size: int = 64  # slots per page of the paged cache
     # Step finished replies in the sandbox while the next chunk decodes (they rejoin a chunk
     # later): worth it for slow environments; the library's steps take under a millisecond.
     overlap_sandbox: bool = False
@@ -136,6 +138,10 @@ class AgentConfig:
             raise ValueError(f"rows must be >= 1 (episodes decoded at once), got {self.rows}")
         if not 0 < self.refill_fraction <= 1:
             raise ValueError(f"refill_fraction must be in (0, 1], got {self.refill_fraction}")
+        if self.kv_cache not in ("contiguous", "paged"):
+            raise ValueError(f"kv_cache must be 'contiguous' or 'paged', got {self.kv_cache!r}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,7 +445,8 @@ def _play_on_engine(policy, pool, episodes, cfg, seed, read_action, report_ended
     if not waiting:
         return
     engine = RowEngine(policy, min(cfg.rows, len(waiting)), max_new_tokens=cfg.max_new_tokens,
-                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, stats=stats.engine)
+                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=seed, stats=stats.engine,
+                       kv_cache=cfg.kv_cache, page_size=cfg.page_size)
     exit_after = max(1, math.ceil(cfg.refill_fraction * engine.rows))
     by_row: dict[int, _Live] = {}
 

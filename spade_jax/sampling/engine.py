@@ -23,6 +23,14 @@ append takes several passes); the cache holds the longest row's need (`cache_buc
 resized (a copy) when that bucket changes. The programs compiled
 are counted per kind (`compiled`), bounded by the bucket counts.
 
+With `kv_cache="paged"` (`sampling/paged_cache.py`) the cache is a pool of fixed-size pages
+per layer instead: a row takes pages as it grows and returns them when released, the pool
+grows by whole pages (doubling) and never resizes rows, a program reads each row through its
+page table (padded to `cache_bucket`'s steps, in pages), and appends and decode steps write
+only the new slots. Its decode chunks run on the active rows alone, gathered into a bucket
+(`ROWS_STEP` steps), and a chunk ends early once its active rows fit half its bucket, so rows
+that finished their reply stop costing compute (compaction).
+
 Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
 episode index) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`, so sampled
 replies do not depend on which row an episode got or on when it ran.
@@ -44,6 +52,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spade_jax.models.sharding import activation_sharding, logical_to_spec
 from spade_jax.sampling.batching import bucket
 from spade_jax.sampling.host_memory import release_freed_memory
+from spade_jax.sampling.paged_attention import resolve as resolve_attention
+from spade_jax.sampling.paged_cache import POOL_AXES, PageTable, forward_pages, grow_pool, init_pools, pages_for
 from spade_jax.sampling.sampler import Generation, GenerationStats, batch_shards, check_sampling_args, place_inputs
 from spade_jax.sampling.tokens import select_tokens, token_logprobs
 
@@ -55,6 +65,9 @@ ROWS_STEP = 4  # and rows of an append pass
 MAX_APPEND_TOKENS = 128  # tokens per row per pass onto a history: a longer append takes several passes
 MAX_FRESH_TOKENS = 1024  # tokens per row per pass into an empty row (a plain causal prefill)
 MIN_APPEND_TOKENS = 16
+KV_CACHES = ("contiguous", "paged")
+DEFAULT_KV_CACHE = "contiguous"
+PAGE_SIZE = 64  # slots per page of the paged cache
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
 _VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
@@ -83,6 +96,7 @@ class EngineStats:
     generated_tokens: int = 0
     appended_tokens: int = 0
     max_cache_length: int = 0  # the largest cache bucket used, in slots per row
+    pool_pages: int = 0  # paged cache: the largest pool, in pages per layer
     compiled: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     @property
@@ -115,13 +129,21 @@ class RowEngine:
 
     Sampling settings are fixed per engine; `max_new_tokens` bounds one reply (a row's
     `limit` may be lower). `stats` (shared with the caller when given) accumulates timings.
-    Every process of a multi-process run must make the same calls.
+    `kv_cache` is "contiguous" (one cache row per row) or "paged" (`page_size` slots a page;
+    `cache_tokens` sizes the pool up front, else it starts at `MIN_CACHE_BUCKET` slots a row and
+    grows; `paged_attention` picks `paged_attention.paged_attention`'s implementation). Both
+    give the same replies. Every process of a multi-process run must make the same calls.
     """
 
     def __init__(self, policy, rows: int, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int = 0, stop_token_ids: Sequence[int] | None = None,
-                 stats: EngineStats | None = None):
+                 stats: EngineStats | None = None, kv_cache: str = DEFAULT_KV_CACHE, page_size: int = PAGE_SIZE,
+                 cache_tokens: int | None = None, paged_attention: str = "auto"):
         check_sampling_args(max_new_tokens, temperature, top_p, top_k)
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"unknown kv_cache {kv_cache!r}; choose one of {KV_CACHES}")
+        self.kv_cache = kv_cache
+        self.paged_attention = resolve_attention(paged_attention) if kv_cache == "paged" else None
         self.policy = policy
         tokenizer = policy.tokenizer
         if stop_token_ids is None:
@@ -149,7 +171,11 @@ class RowEngine:
         self.turn = np.zeros(R, np.uint32)
         self._reply_logprobs: list[list[float]] = [[] for _ in range(R)]  # the reply's tokens end `history`
         self._appends: dict[int, list[int]] = {}
-        self._cache = None
+        self._cache = None  # contiguous: per-layer (k_BKHS, v_BKSH); paged: per-layer pools
+        self._pages = None
+        if kv_cache == "paged":
+            initial = pages_for(cache_tokens, page_size) if cache_tokens else R * pages_for(MIN_CACHE_BUCKET, page_size)
+            self._pages = PageTable(R, page_size, 1 + initial)
         self._graphdef, self._state = nnx.split(policy.model)
         params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
         self._signature = (self._graphdef, params, policy.mesh, policy.rules)  # what else a program depends on
@@ -167,6 +193,8 @@ class RowEngine:
         self.history[row] = []
         self.lengths[row] = 0
         self._appends.pop(row, None)
+        if self._pages is not None:
+            self._pages.release(row)
 
     def submit(self, row: int, tokens: Sequence[int], *, stream: int, turn: int, limit: int | None = None) -> None:
         """Starts a reply after `tokens`, the row's whole conversation so far.
@@ -207,9 +235,8 @@ class RowEngine:
 
     def close(self) -> None:
         """Frees the cache now (and, on CPU, hands its memory back to the OS); the engine is done."""
-        for layer in self._cache or ():
-            for buffer in layer:
-                buffer.delete()
+        for buffer in jax.tree.leaves(self._cache):
+            buffer.delete()
         self._cache = None
         release_freed_memory(self.policy.mesh.devices.flat)
 
@@ -227,10 +254,16 @@ class RowEngine:
         for row, new in self._appends.items():
             after_append[row] += len(new)
         need = np.where(self.active, after_append + self.limit - self.reply_len, after_append + 1)
+        exit_after = max(1, min(int(exit_after), self.num_active))
+        if self._pages is not None:
+            self._reserve_pages(need)
+            while self._appends:
+                self._run_paged_append_pass()
+            return self._run_paged_decode(exit_after)
         self._fit_cache(cache_bucket(int(need.max())))
         while self._appends:
             self._run_append_pass()
-        return self._run_decode(max(1, min(int(exit_after), self.num_active)))
+        return self._run_decode(exit_after)
 
     def _fit_cache(self, length: int) -> None:
         cfg = self.policy.config
@@ -306,35 +339,173 @@ class RowEngine:
             "last_B": np.asarray([h[-1] if h else self.pad_id for h in self.history], np.int32),
             "lengths_B": self.lengths.copy(), "active_B": self.active.copy(), "reply_len_B": self.reply_len.copy(),
             "limit_B": self.limit.copy(), "stream_B": self.stream.copy(), "turn_B": self.turn.copy(),
-            **self._scalars, "exit_after": np.asarray(exit_after, np.int32),
+            **self._scalars, "exit_after": np.asarray(exit_after, np.int32), "shrink_at": np.asarray(0, np.int32),
         }
+        return self._run_chunk("decode", (self.cache_length,), np.arange(self.rows), host,
+                               self._cache_shardings(self.cache_length))
+
+    def _run_chunk(self, kind: str, shape: tuple, rows_B: np.ndarray, host: dict, cache_shardings) -> list[Reply]:
+        """Runs one decode program over the batch rows `rows_B` (-1: padding) and records its replies."""
         args = place_inputs(host, self.policy.mesh, self.policy.rules)
+        inputs = [args.get(n) for n in _DECODE_INPUTS]
         replicated = NamedSharding(self.policy.mesh, PartitionSpec())
-        decode = self._program("decode", (self.cache_length, self.num_steps, self.truncate), lambda: jax.jit(
-            _decode, static_argnames=("graphdef", "num_steps", "truncate", "mesh", "rules"), donate_argnums=(1,),
-            out_shardings=(replicated, self._cache_shardings(self.cache_length)),
-        ).lower(self._state, self._cache, *(args[n] for n in _DECODE_INPUTS), graphdef=self._graphdef,
-                num_steps=self.num_steps, truncate=self.truncate, mesh=self.policy.mesh, rules=self.policy.rules))
+        decode = self._program(kind, (*shape, self.num_steps, self.truncate), lambda: jax.jit(
+            _decode, static_argnames=("graphdef", "num_steps", "truncate", "attention", "mesh", "rules"),
+            donate_argnums=(1,), out_shardings=(replicated, cache_shardings),
+        ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, num_steps=self.num_steps,
+                truncate=self.truncate, attention=self.paged_attention, mesh=self.policy.mesh, rules=self.policy.rules))
         start = time.perf_counter()
-        out, self._cache = decode(self._state, self._cache, *(args[n] for n in _DECODE_INPUTS))
+        out, self._cache = decode(self._state, self._cache, *inputs)
         tokens_BN, logprobs_BN, count_B, finished_B, stopped_B, steps = jax.device_get(out)
         self.stats.decode_s += time.perf_counter() - start
         self.stats.chunks += 1
         self.stats.decode_steps += int(steps)
         self.stats.generated_tokens += int(count_B.sum())
         replies = []
-        for row in np.flatnonzero(self.active):
-            n = int(count_B[row])
-            self._reply_logprobs[row] += logprobs_BN[row, :n].tolist()
-            self.history[row] += tokens_BN[row, :n].tolist()
+        for i, row in enumerate(rows_B):
+            if row < 0 or not self.active[row]:
+                continue
+            n = int(count_B[i])
+            self._reply_logprobs[row] += logprobs_BN[i, :n].tolist()
+            self.history[row] += tokens_BN[i, :n].tolist()
             self.lengths[row] += n
             self.reply_len[row] += n
-            if finished_B[row]:
+            if finished_B[i]:
                 self.active[row] = False
                 reply = self.history[row][len(self.history[row]) - self.reply_len[row]:]
                 replies.append(Reply(int(row), np.asarray(reply, np.int32),
-                                     np.asarray(self._reply_logprobs[row], np.float32), bool(stopped_B[row])))
+                                     np.asarray(self._reply_logprobs[row], np.float32), bool(stopped_B[i])))
         return replies
+
+    # ---- the paged cache
+
+    def _reserve_pages(self, need: np.ndarray) -> None:
+        """Hands every active row the pages its appends and reply can fill (`need` slots), growing
+        the pool (doubling it, at least) when the free pages do not suffice."""
+        pages, active = self._pages, np.flatnonzero(self.active)
+        missing = sum(pages.missing(r, need[r]) for r in active)
+        if self._cache is None or missing > pages.free_pages:
+            self._fit_pool(missing)
+        for r in active:
+            pages.reserve(r, int(need[r]))
+
+    def _fit_pool(self, missing: int) -> None:
+        pages, cfg = self._pages, self.policy.config
+        if self._cache is None:
+            num = pages.num_pages
+            while num - pages.num_pages + pages.free_pages < missing:
+                num = 1 + 2 * (num - 1)
+            pages.grow_to(num)
+            self._cache = self._program("init_pool", (num, pages.page_size), lambda: jax.jit(
+                init_pools, static_argnames=("config", "num_pages", "page_size"),
+                out_shardings=self._pool_shardings(num),
+            ).lower(config=cfg, num_pages=num, page_size=pages.page_size))()
+            self.stats.pool_pages = max(self.stats.pool_pages, num)
+            return
+        num = pages.num_pages
+        while num - pages.num_pages + pages.free_pages < missing:
+            num = 1 + 2 * (num - 1)
+        grow = self._program("grow_pool", (pages.num_pages, num, pages.page_size), lambda: jax.jit(
+            grow_pool, static_argnames=("num_pages",), out_shardings=self._pool_shardings(num)[0],
+        ).lower(self._cache[0], num_pages=num))
+        start = time.perf_counter()
+        grown = []
+        for pool in self._cache:  # one layer at a time: the old and new pools are never both whole
+            grown.append(jax.block_until_ready(grow(pool)))
+            pool.delete()
+        self._cache = grown
+        pages.grow_to(num)
+        release_freed_memory(self.policy.mesh.devices.flat)
+        self.stats.resize_s += time.perf_counter() - start
+        self.stats.pool_pages = max(self.stats.pool_pages, num)
+
+    def _table_width(self, slots: int) -> int:
+        """Page-table columns for rows of up to `slots` slots: `cache_bucket`'s steps, in pages."""
+        width = pages_for(cache_bucket(slots), self._pages.page_size)
+        self.stats.max_cache_length = max(self.stats.max_cache_length, width * self._pages.page_size)
+        return width
+
+    def _run_paged_append_pass(self) -> None:
+        """`_run_append_pass` on the paged cache: the pass's rows read and write their own pages."""
+        fresh = sorted(r for r in self._appends if self.lengths[r] == 0)
+        rows = fresh or sorted(self._appends)
+        limit = MAX_FRESH_TOKENS if fresh else MAX_APPEND_TOKENS
+        longest = max(MIN_APPEND_TOKENS, *(len(self._appends[r]) for r in rows))
+        T = min(limit, stepped_bucket(longest, FRESH_STEP if fresh else APPEND_STEP))
+        A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
+        pieces = [self._appends[r][:T] for r in rows]
+        rows_A = np.full(A, -1, np.int64)  # padding entries read and write the trash page only
+        rows_A[: len(rows)] = rows
+        tokens_AT = np.full((A, T), self.pad_id, np.int32)
+        lengths_A = np.zeros(A, np.int32)
+        starts_A = np.zeros(A, np.int32)
+        for i, (row, piece) in enumerate(zip(rows, pieces)):
+            tokens_AT[i, : len(piece)] = piece
+            lengths_A[i] = len(piece)
+            starts_A[i] = self.lengths[row]
+            if self._pages.missing(row, starts_A[i] + len(piece)):
+                raise AssertionError("an append pass would write past a row's pages; too few were reserved")
+        M = self._table_width(int((starts_A + T).max()))
+        host = {"tokens_AT": tokens_AT, "starts_A": starts_A, "lengths_A": lengths_A,
+                "page_table_AM": self._pages.table(rows_A, M)}
+        args = place_inputs(host, self.policy.mesh, self.policy.rules)
+        inputs = [args[name] for name in ("tokens_AT", "starts_A", "lengths_A", "page_table_AM")]
+        P = self._pages.num_pages
+        append = self._program("append_paged", (A, T, M, P, not fresh), lambda: jax.jit(
+            _append_paged, static_argnames=("graphdef", "with_history", "attention", "mesh", "rules"),
+            donate_argnums=(1,), out_shardings=self._pool_shardings(P),
+        ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, with_history=not fresh,
+                attention=self.paged_attention, mesh=self.policy.mesh, rules=self.policy.rules))
+        start = time.perf_counter()
+        self._cache = jax.block_until_ready(append(self._state, self._cache, *inputs))
+        self.stats.append_s += time.perf_counter() - start
+        self.stats.append_passes += 1
+        for row, piece in zip(rows, pieces):
+            self.lengths[row] += len(piece)
+            self.stats.appended_tokens += len(piece)
+            rest = self._appends.pop(row)[len(piece):]
+            if rest:
+                self._appends[row] = rest
+
+    def _run_paged_decode(self, exit_after: int) -> list[Reply]:
+        """Decode chunks over the active rows only, gathered into a bucket of rows (compaction).
+
+        A chunk also ends once its active rows fit a bucket half its size; the next chunk then
+        runs on the smaller bucket, until `exit_after` replies finished (or none is active).
+        A token's key does not depend on the batch, so this changes no reply."""
+        shards = batch_shards(self.policy.mesh, self.policy.rules)
+        fit = lambda n: min(self.rows, stepped_bucket(n, ROWS_STEP, shards))  # noqa: E731
+        replies = []
+        while len(replies) < exit_after and self.active.any():
+            rows = np.flatnonzero(self.active)
+            B = fit(len(rows))
+            shrink_at = min(B // 2, len(rows) - 1)
+            while shrink_at > 0 and fit(shrink_at) > B // 2:
+                shrink_at -= 1
+            rows_B = np.full(B, -1, np.int64)
+            rows_B[: len(rows)] = rows
+            real_B = rows_B >= 0
+            pick = lambda x, fill: np.where(real_B, x[np.maximum(rows_B, 0)], fill).astype(x.dtype)  # noqa: E731
+            need_B = pick(self.lengths + self.limit - self.reply_len, 0)
+            if any(self._pages.missing(r, n) for r, n in zip(rows, need_B)):
+                raise AssertionError("a decode chunk could write past a row's pages; too few were reserved")
+            M = self._table_width(int(need_B.max()))
+            host = {
+                "page_table_BM": self._pages.table(rows_B, M),
+                "last_B": np.asarray([self.history[r][-1] if r >= 0 else self.pad_id for r in rows_B], np.int32),
+                "lengths_B": pick(self.lengths, 0), "active_B": real_B.copy(), "reply_len_B": pick(self.reply_len, 0),
+                "limit_B": pick(self.limit, 1), "stream_B": pick(self.stream, 0), "turn_B": pick(self.turn, 0),
+                **self._scalars, "exit_after": np.asarray(exit_after - len(replies), np.int32),
+                "shrink_at": np.asarray(shrink_at, np.int32),
+            }
+            P = self._pages.num_pages
+            replies += self._run_chunk("decode_paged", (B, M, P), rows_B, host, self._pool_shardings(P))
+        return sorted(replies, key=lambda reply: reply.row)
+
+    def _pool_shardings(self, num_pages: int):
+        cfg, mesh, rules = self.policy.config, self.policy.mesh, self.policy.rules
+        shape = (num_pages, self._pages.page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
+        return [NamedSharding(mesh, logical_to_spec(POOL_AXES, shape, mesh, rules))] * cfg.num_layers
 
     # ---- programs
 
@@ -362,8 +533,8 @@ class RowEngine:
         return _PROGRAMS[key]
 
 
-_DECODE_INPUTS = ("last_B", "lengths_B", "active_B", "reply_len_B", "limit_B", "stream_B", "turn_B", "stops_S",
-                  "seed", "temperature", "top_p", "top_k", "pad_id", "exit_after")
+_DECODE_INPUTS = ("page_table_BM", "last_B", "lengths_B", "active_B", "reply_len_B", "limit_B", "stream_B", "turn_B",
+                  "stops_S", "seed", "temperature", "top_p", "top_k", "pad_id", "exit_after", "shrink_at")
 
 
 def _init_cache(config, rows, length, mesh, rules):
@@ -394,6 +565,16 @@ def _append(state, cache, tokens_AT, starts_A, lengths_A, rows_A, *, graphdef, w
         return model.append_rows(tokens_AT, starts_A, lengths_A, rows_A, cache, with_history=with_history)
 
 
+def _append_paged(state, pools, tokens_AT, starts_A, lengths_A, page_table_AM, *, graphdef, with_history, attention,
+                  mesh, rules):
+    """`forward_pages` over the rows of an append pass: only their new slots are written."""
+    model = nnx.merge(graphdef, state)
+    with activation_sharding(mesh, rules):
+        _, pools = forward_pages(model, tokens_AT, starts_A, lengths_A, page_table_AM, pools,
+                                 with_history=with_history, implementation=attention)
+    return pools
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _Chunk:
@@ -412,14 +593,18 @@ class _Chunk:
     stopped_B: jax.Array  # bool: ... on a stop token
 
 
-def _decode(state, cache, last_B, lengths_B, active_B, reply_len_B, limit_B, stream_B, turn_B, stops_S, seed,
-            temperature, top_p, top_k, pad_id, exit_after, *, graphdef, num_steps, truncate, mesh, rules):
-    """Decodes every active row until `exit_after` replies finished, none is active, or `num_steps` steps.
+def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_B, limit_B, stream_B, turn_B, stops_S,
+            seed, temperature, top_p, top_k, pad_id, exit_after, shrink_at, *, graphdef, num_steps, truncate,
+            attention, mesh, rules):
+    """Decodes every active row until `exit_after` replies finished, at most `shrink_at` rows are
+    active (0: none), or `num_steps` steps.
 
-    Each iteration feeds every row's pending token at its next slot (idle rows write a
-    slot past their real ones, overwritten later), samples the next token of the active
-    rows and records it. Returns `(tokens_BN, logprobs_BN, count_B, finished_B, stopped_B,
-    steps)` and the cache, which aliases the donated input.
+    Each iteration feeds every row's pending token at its next slot (on the contiguous cache
+    idle rows write a slot past their real ones, overwritten later; on the paged cache, with
+    `page_table_BM` and the paged `attention` implementation, they write the trash page),
+    samples the next token of the active rows and records it. Returns `(tokens_BN,
+    logprobs_BN, count_B, finished_B, stopped_B, steps)` and the cache, which aliases the
+    donated input.
     """
     model = nnx.merge(graphdef, state)
     B = last_B.shape[0]
@@ -430,10 +615,16 @@ def _decode(state, cache, last_B, lengths_B, active_B, reply_len_B, limit_B, str
         return jax.vmap(lambda s, t, i: fold(fold(fold(base_key, s), t), i))(stream_B, turn_B, reply_len_B)
 
     def cond(c: _Chunk):
-        return (c.step < num_steps) & jnp.any(c.active_B) & (jnp.sum(c.finished_B) < exit_after)
+        return (c.step < num_steps) & (jnp.sum(c.active_B) > shrink_at) & (jnp.sum(c.finished_B) < exit_after)
+
+    def extend(c: _Chunk):
+        if page_table_BM is None:
+            return model.extend_rows(c.last_B[:, None], c.lengths_B, c.cache)
+        return forward_pages(model, c.last_B[:, None], c.lengths_B, c.active_B.astype(jnp.int32), page_table_BM,
+                             c.cache, with_history=True, implementation=attention)
 
     def body(c: _Chunk) -> _Chunk:
-        hidden_B1D, cache = model.extend_rows(c.last_B[:, None], c.lengths_B, c.cache)
+        hidden_B1D, cache = extend(c)
         logits_BV = model.logits_from_hidden(hidden_B1D)[:, 0]
         tokens_B = select_tokens(logits_BV, keys(c.reply_len_B), temperature, top_k, top_p, truncate=truncate)
         logprobs_B = token_logprobs(logits_BV, tokens_B)
@@ -466,19 +657,22 @@ def _decode(state, cache, last_B, lengths_B, active_B, reply_len_B, limit_B, str
 def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                      stop_token_ids: Sequence[int] | None = None, rows: int = 32,
-                     refill_fraction: float = 0.25, limits: Sequence[int] | None = None) -> Generation:
+                     refill_fraction: float = 0.25, limits: Sequence[int] | None = None,
+                     kv_cache: str = DEFAULT_KV_CACHE, page_size: int = PAGE_SIZE) -> Generation:
     """`generate`'s contract on a `RowEngine`: one reply per prompt, `rows` prompts decoding at
     once, a row refilled with the next prompt as soon as its reply ends.
 
     Prompt i samples with stream i, so replies do not depend on `rows`. ``limits[i]`` caps
     prompt i's reply (`RowEngine.submit`'s ``limit``; None: ``max_new_tokens`` for every prompt).
+    `kv_cache` and `page_size` choose the engine's cache (`RowEngine`).
     """
     if not prompts:
         raise ValueError("generate needs at least one prompt; got an empty prompts list")
     if limits is not None and len(limits) != len(prompts):
         raise ValueError(f"{len(limits)} limits for {len(prompts)} prompts")
     engine = RowEngine(policy, min(rows, len(prompts)), max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids)
+                       top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, kv_cache=kv_cache,
+                       page_size=page_size)
     exit_after = max(1, int(np.ceil(refill_fraction * engine.rows)))
     waiting = collections.deque(enumerate(prompts))
     owner: dict[int, int] = {}

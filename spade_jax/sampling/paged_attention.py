@@ -1,0 +1,116 @@
+"""Attention over a paged KV cache: rows read their keys/values through a page table.
+
+The pool of one layer is `kv_pages_PSCH`: `(pages, page_size, 2 * kv_heads, head_dim)`,
+keys and values of kv head k interleaved at combined heads `2k` and `2k + 1`. That is
+the layout of JAX's ragged paged attention TPU kernel
+(`jax.experimental.pallas.ops.tpu.ragged_paged_attention`), so one pool serves both
+implementations behind `paged_attention`:
+
+- "xla": gathers each row's pages by its page table into a contiguous `(rows, kv_heads,
+  head_dim, slots)` view and runs `transformer.attention` under a causal mask that stops
+  at the row's length. Works on every backend.
+- "kernel": the Pallas kernel, on TPU when the installed JAX has it. Queries are
+  flattened to the kernel's ragged layout (`cu_q_lens`), every row with `T` queries.
+
+Queries are right-aligned: query t of row b sits at slot `ends_B[b] - T + t` and sees
+the slots up to its own. Page 0 of a pool is the trash page: page-table padding points
+at it and writes that belong nowhere go to it, so it is never read unmasked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from spade_jax.models.transformer import attention
+
+try:
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+except ImportError:  # a JAX without the kernel: the XLA path only
+    ragged_paged_attention = None
+
+TRASH_PAGE = 0
+IMPLEMENTATIONS = ("auto", "xla", "kernel")
+
+
+def kernel_available() -> bool:
+    """The ragged paged attention kernel is installed and the default backend is a TPU."""
+    return ragged_paged_attention is not None and jax.default_backend() == "tpu"
+
+
+def resolve(implementation: str) -> str:
+    """"xla" or "kernel" for `implementation` ("auto": the kernel where `kernel_available`)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown paged attention implementation {implementation!r}; choose one of {IMPLEMENTATIONS}")
+    if implementation == "auto":
+        return "kernel" if kernel_available() else "xla"
+    if implementation == "kernel" and ragged_paged_attention is None:
+        raise ValueError("this JAX has no ragged_paged_attention kernel")
+    return implementation
+
+
+def combine_kv(k_BTKH, v_BTKH):
+    """`(B, T, 2K, H)`: keys and values interleaved per kv head, the pool's combined-head layout."""
+    B, T, K, H = k_BTKH.shape
+    return jnp.stack([k_BTKH, v_BTKH], axis=3).reshape(B, T, 2 * K, H)
+
+
+def write_pages(kv_pages_PSCH, kv_BTCH, page_table_BM, starts_B, lengths_B):
+    """Writes token t of row b to slot `starts_B[b] + t` of the row's pages, for t < lengths_B[b];
+    the rest goes to the trash page."""
+    S = kv_pages_PSCH.shape[1]
+    B, T = kv_BTCH.shape[:2]
+    slots_BT = starts_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    real_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
+    column_BT = jnp.minimum(slots_BT // S, page_table_BM.shape[1] - 1)
+    pages_BT = jnp.where(real_BT, jnp.take_along_axis(page_table_BM, column_BT, axis=1), TRASH_PAGE)
+    return kv_pages_PSCH.at[pages_BT, slots_BT % S].set(kv_BTCH.astype(kv_pages_PSCH.dtype))
+
+
+def gather_pages(kv_pages_PSCH, page_table_BM):
+    """Row views `(k_BKHL, v_BKLH)` of the pool, L = pages per row * page size (the `KVCache` layout)."""
+    B, M = page_table_BM.shape
+    _, S, C, H = kv_pages_PSCH.shape
+    kv_BLCH = kv_pages_PSCH[page_table_BM].reshape(B, M * S, C, H)
+    k_BKHL = kv_BLCH[:, :, 0::2].transpose(0, 2, 3, 1)
+    v_BKLH = kv_BLCH[:, :, 1::2].transpose(0, 2, 1, 3)
+    return k_BKHL, v_BKLH
+
+
+def paged_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, implementation: str = "auto",
+                    interpret: bool = False):
+    """Causal attention of right-aligned queries over their rows' pages (see the module docstring).
+
+    `interpret` runs the kernel in Pallas' TPU interpret mode (for tests off TPU), with fixed
+    block sizes: the tuned ones are looked up by TPU version.
+    """
+    if resolve(implementation) == "kernel":
+        return _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, interpret=interpret)
+    B, T = q_BTNH.shape[:2]
+    k_BKHL, v_BKLH = gather_pages(kv_pages_PSCH, page_table_BM)
+    L = k_BKHL.shape[-1]
+    positions_BT = ends_B[:, None] - T + jnp.arange(T, dtype=jnp.int32)[None, :]
+    mask_BTL = positions_BT[:, :, None] >= jnp.arange(L, dtype=jnp.int32)[None, None, :]
+    dt = q_BTNH.dtype
+    return attention(q_BTNH, k_BKHL.astype(dt), v_BKLH.astype(dt), mask_BTL)
+
+
+def _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):
+    B, T, N, H = q_BTNH.shape
+    cu_q_lens_B1 = jnp.arange(B + 1, dtype=jnp.int32) * T
+    blocks = dict(num_kv_pages_per_block=1, num_queries_per_block=8) if interpret else {}
+    call = lambda: ragged_paged_attention(  # noqa: E731
+        q_BTNH.reshape(B * T, N, H).astype(kv_pages_PSCH.dtype), kv_pages_PSCH, ends_B.astype(jnp.int32),
+        page_table_BM.astype(jnp.int32), cu_q_lens_B1, jnp.asarray([B], jnp.int32), sm_scale=1 / math.sqrt(H),
+        **blocks,
+    )
+    if interpret:
+        from jax.experimental.pallas import tpu as pltpu
+
+        with pltpu.force_tpu_interpret_mode():
+            out_QNH = call()
+    else:
+        out_QNH = call()
+    return out_QNH.reshape(B, T, N, H).astype(q_BTNH.dtype)
