@@ -225,7 +225,8 @@ def play_designs(player, config, designs, seed: int, pool):
     hint_cfg, reward_cfg = config_lib.hint_config(config), config_lib.reward_config(config)
     envs = [PoolEnv(f"fresh{d.slot:03d}", d.report.code, d.skill, d.doc_id, design_iteration=0)
             for d in designs if d.admitted]
-    for env, hint in zip(envs, write_hints(player, [e.code for e in envs], hint_cfg, seed=derive_seed(seed, "ladder-hints"))):
+    hints = write_hints(player, [e.code for e in envs], hint_cfg, seed=derive_seed(seed, "ladder-hints"))
+    for env, hint in zip(envs, hints):
         env.hint = hint
     k, requests = config.agent.episodes_per_env, []
     for e, env in enumerate(envs):
@@ -233,7 +234,8 @@ def play_designs(player, config, designs, seed: int, pool):
         hinted = None if reward_cfg.matched_seeds else [
             derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k)]
         requests += matched_requests(e, env.code, seeds, hint_cfg.mode, env.hint, hint_cfg.placebo_of, hinted)
-    for t in play_episodes(player, pool, requests, config_lib.agent_config(config), seed=derive_seed(seed, "ladder-episodes")):
+    agent_cfg = config_lib.agent_config(config)
+    for t in play_episodes(player, pool, requests, agent_cfg, seed=derive_seed(seed, "ladder-episodes")):
         env = envs[t.request.env_key]
         if t.dropped:
             env.step_timeouts += 1
@@ -282,8 +284,9 @@ def rung2(args) -> dict:
             config = run_config(sargs, "frozen", seed)
             with SandboxPool(config_lib.sandbox_config(config)) as pool:
                 player = load_policy(config, args.study_dir / "frozen" / f"seed{seed}", "none")
-                record = {"initial": cached(args.study_dir / "ladder" / f"rung2-initial-seed{seed}-n{args.prompts}.json",
-                                            lambda: measure_designer(player, player, config, seed, args.prompts, pool))}
+                path = args.study_dir / "ladder" / f"rung2-initial-seed{seed}-n{args.prompts}.json"
+                record = {"initial": cached(path, lambda: measure_designer(player, player, config, seed, args.prompts,
+                                                                           pool))}
                 bar.update()
                 for arm in RUNG2_ARMS:
                     workdir = args.study_dir / arm / f"seed{seed}"
@@ -308,7 +311,8 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
     """Markdown lines (per seed: each arm's fresh-prompt reward before -> after with the sign test,
     trained against control, admission, win rates; sample programs) and whether the bar is met."""
     lines = ["| seed | arm | reward before → after | p (sign, vs before) | p (sign, vs control after) | "
-             "fresh admission before → after | run admission | admitted win rates (after) | in [0.4, 0.6] before → after |",
+             "fresh admission before → after | run admission | admitted win rates (after) | "
+             "in [0.4, 0.6] before → after |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     met = bool(records)
     for seed, record in records.items():
@@ -324,7 +328,8 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
                 vs_control = f"{p_control:.3g} ({c.mean():.3f} → {t.mean():.3f})"
                 met &= p_control < 0.05 and t.mean() > c.mean() and np.mean(after["admitted"]) >= 0.5
             rates = [w for w in after["win_rate"] if w is not None]
-            lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | {vs_control} | "
+            lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | "
+                         f"{vs_control} | "
                          f"{np.mean(before['admitted']):.2f} → {np.mean(after['admitted']):.2f} | "
                          f"{_fmt(after.get('run_admission'))} | {_quantiles(rates)} | "
                          f"{_in_band(before['win_rate'])} → {_in_band(after['win_rate'])} |")
@@ -435,14 +440,18 @@ def rung3(args) -> dict:
                     path = args.study_dir / "ladder" / f"rung3-{arm}-seed{seed}-step{step}-n{args.eval_plays}.json"
                     record[arm] = cached(path, lambda: play_families(
                         load_policy(arm_config, workdir, str(step)), arm_config, seeds, stream, pool))
-                    rows = [row for row in study._rows(workdir) if "iteration" in row]
-                    key = study._heldout_key(rows)
-                    record[arm].update(step=step, iterations=len(rows),
-                                       agent_tokens=int(sum(r.get("agent/generated_tokens", 0) for r in rows)),
-                                       heldout=next((r[key] for r in reversed(rows) if key in r), None) if key else None)
+                    record[arm].update(step=step, **run_summary(workdir))
                     bar.update()
             records[seed] = record
     return {"records": records, "initial_heldout": study._initial_heldout(args.study_dir)}
+
+
+def run_summary(workdir: Path) -> dict:
+    """A run's iterations, agent tokens and held-out score at its end (None: never evaluated)."""
+    rows = [row for row in study._rows(workdir) if "iteration" in row]
+    key = study._heldout_key(rows)
+    return {"iterations": len(rows), "agent_tokens": int(sum(r.get("agent/generated_tokens", 0) for r in rows)),
+            "heldout": next((r[key] for r in reversed(rows) if key in r), None) if key else None}
 
 
 def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
@@ -467,8 +476,8 @@ def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
                 vs_spade = f"{p_spade:.3g} ({a.mean():.3f} vs {s.mean():.3f})"
                 met &= p_spade < 0.05 and s.mean() > c.mean()
             lines.append(f"| {seed} | {b.mean():.3f} → {a.mean():.3f} | {p_initial:.3g} | {vs_spade} | "
-                         f"{_fmt(initial_heldout)} → {_fmt(record[arm]['heldout'])} | {record[arm]['agent_tokens']} | "
-                         f"{record[arm]['iterations']} |")
+                         f"{_fmt(initial_heldout)} → {_fmt(record[arm]['heldout'])} | "
+                         f"{record[arm]['agent_tokens']} | {record[arm]['iterations']} |")
     return lines, met
 
 
