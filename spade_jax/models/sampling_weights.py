@@ -54,10 +54,11 @@ class SamplingWeights:
             self.policy = masters
             return
         shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
+        dtype = self.dtype  # not `self`: no reference cycle keeps the masters alive once this object goes
         # Every leaf is a new buffer (cast or copied), so the update donating the masters' buffers
         # never deletes one the copy holds.
         self._cast = jax.jit(
-            lambda tree: jax.tree.map(lambda x: x.astype(self.dtype) if _casts(x, self.dtype) else jnp.copy(x), tree),
+            lambda tree: jax.tree.map(lambda x: x.astype(dtype) if _casts(x, dtype) else jnp.copy(x), tree),
             out_shardings=shardings)
         self.policy = dataclasses.replace(masters, model=nnx.merge(graphdef, self._cast(state)))
 
