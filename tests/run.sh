@@ -3,11 +3,25 @@
 #   bash tests/run.sh                 whole suite: SPADE_TEST_WORKERS processes (default 2) share the
 #                                     tests, then the `serial` ones (wall-clock and resource bounds) run alone
 #   bash tests/run.sh tests/test_x.py -k name   any pytest arguments, one process
+#   bash tests/run.sh --stack=latest [pytest arguments]   on the newest JAX stack (.venv-latest,
+#                                     Python 3.12; launch/setup_env.sh --help): the compatibility
+#                                     subset (COMPAT below), or the given arguments; .ci/run runs
+#                                     the subset after the suite
 # Every process of the run, test subprocesses included, shares one JAX compilation cache (a fresh
 # temporary directory, removed at the end; set JAX_COMPILATION_CACHE_DIR to keep one across runs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-py="$(bash "$root/launch/setup_env.sh" --test)"
+# Model parity, sampler, rollout engine, update, sharding, losses and one self-play iteration:
+# what a new JAX release is most likely to break, in about 8 minutes on 2 cores.
+COMPAT=(tests/test_model_parity.py tests/test_sampling.py tests/test_rollout_engine.py tests/test_train.py
+        tests/test_model_sharding.py tests/test_advantages.py tests/test_losses.py
+        tests/test_selfplay.py::test_one_iteration_end_to_end_on_a_tiny_random_model)
+stack=pinned
+case "${1:-}" in
+  --stack=*) stack="${1#--stack=}"; shift ;;
+  --stack) stack="${2:-}"; shift $(($# > 1 ? 2 : 1)) ;;
+esac
+py="$(bash "$root/launch/setup_env.sh" --test --stack="$stack")"
 cd "$root"
 if [[ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
   JAX_COMPILATION_CACHE_DIR="$(mktemp -d -t spade-jax-cache.XXXXXX)"
@@ -16,6 +30,10 @@ fi
 export JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 if (($#)); then
   "$py" -m pytest -q -rs --durations=15 "$@"
+  exit
+fi
+if [[ "$stack" == latest ]]; then
+  "$py" -m pytest -q -rs --durations=15 -n "${SPADE_TEST_WORKERS:-2}" "${COMPAT[@]}"
   exit
 fi
 status=0

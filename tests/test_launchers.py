@@ -1,4 +1,5 @@
 """launch/*.sh: --help answers without side effects; own options read as --opt=value or --opt value.
+tests/run.sh and .ci/run: which stack and which tests each runs.
 
 Runs the scripts with bash in their dry-run modes, or with a fake python that records its
 arguments, so nothing is installed and no job starts.
@@ -18,7 +19,8 @@ SCRIPTS = ["gpu.sh", "multiprocess_cpu.sh", "run_local.sh", "setup_env.sh", "tpu
 
 
 def launch(script, *args, env=None, cwd=None):
-    return subprocess.run(["bash", str(LAUNCH / script), *args], cwd=cwd or REPO, env=env or os.environ,
+    script = script if "/" in script else LAUNCH / script
+    return subprocess.run(["bash", str(script), *args], cwd=cwd or REPO, env=env or os.environ,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -38,7 +40,8 @@ def fake_python(tmp_path):
     fake.parent.mkdir(parents=True)
     record = ("import json, os, sys; open(os.environ['FAKE_LOG'], 'a').write(json.dumps("
               "{'argv': sys.argv[1:], 'process': os.environ.get('SPADE_PROCESS_ID'), "
-              "'num': os.environ.get('SPADE_NUM_PROCESSES')}) + '\\n')")
+              "'num': os.environ.get('SPADE_NUM_PROCESSES')}) + '\\n'); "
+              "sys.exit(os.environ.get('FAKE_FAIL', '-') in sys.argv)")  # fails when an argument is FAKE_FAIL
     fake.write_text(f'#!/usr/bin/env bash\nif [[ "${{1:-}}" == -c ]]; then exec {sys.executable} "$@"; fi\n'
                     f'exec {sys.executable} -c "{record}" "$@"\n')
     fake.chmod(0o755)
@@ -274,3 +277,30 @@ def test_tpu_pod_installs_the_tpu_jax_of_its_stack(stack, python, suffix):
 def test_launchers_refuse_an_unknown_stack(script, args):
     proc = launch(script, *args, "--dry-run", "--stack=newest")
     assert proc.returncode == 2 and "--stack must be pinned or latest" in proc.stderr and proc.stdout == ""
+
+
+def compat_subset() -> list[str]:
+    """tests/run.sh's COMPAT list."""
+    text = (REPO / "tests" / "run.sh").read_text()
+    return text.split("COMPAT=(", 1)[1].split(")", 1)[0].split()
+
+
+def test_the_compat_subset_names_existing_tests():
+    for node in compat_subset():
+        path, _, name = node.partition("::")
+        assert (REPO / path).is_file(), node
+        assert not name or f"def {name}(" in (REPO / path).read_text(), node
+
+
+@pytest.mark.parametrize("fail", ["-", "not serial", "tests/test_losses.py"])
+def test_ci_runs_the_pinned_suite_then_the_compat_subset_and_fails_if_either_does(fail, fake_python):
+    env, calls = fake_python
+    proc = launch(str(REPO / ".ci" / "run"), env=dict(env, PYTHON="true", FAKE_FAIL=fail))
+    assert proc.returncode == (fail != "-"), proc.stderr
+    runs = [c["argv"][2:] for c in calls() if c["argv"][:2] == ["-m", "pytest"]]
+    markers = [run[run.index("-m") + 1] if "-m" in run else None for run in runs]
+    assert markers == ["not serial", "serial", None]  # the whole pinned suite, then the subset
+    assert runs[-1][-len(compat_subset()):] == compat_subset()
+    installs = [arg for c in calls() if c["argv"][:2] == ["-m", "pip"] for arg in c["argv"] if arg.endswith(".txt")]
+    assert any(arg.endswith("/requirements.txt") for arg in installs)
+    assert any(arg.endswith("/requirements-latest.txt") for arg in installs)
