@@ -257,8 +257,9 @@ def run_update(name: str, dry: bool) -> None:
         row.step_s = statistics.median(times)
         row.mfu = model_flops_per_token(cfg, length) * rows * length / row.step_s / PEAK_FLOPS
         row.peak_gib = device_peak_gib()
-        row.note = (f"{rows * length / row.step_s:,.0f} tok/s; micro-batches of 1 row, remat dots, "
-                    f"f32 masters + Adam; steps {', '.join(f'{t:.3f}' for t in times)} s on {jax.devices()[0].platform}")
+        steps = ", ".join(f"{t:.3f}" for t in times)
+        row.note = (f"{rows * length / row.step_s:,.0f} tok/s; micro-batches of 1 row, remat dots, f32 masters + "
+                    f"Adam; compile s includes the first step; steps {steps} s on {jax.devices()[0].device_kind}")
     except Exception as err:
         row.note = f"error: {type(err).__name__}: {err}"
     emit(row)
@@ -284,6 +285,10 @@ def run_tiny(dry: bool, bootstrap: str | None, workdir: str) -> None:
 
 
 def child(job: str, args) -> None:
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        from spade_jax import compile_cache
+
+        compile_cache.enable(os.environ["JAX_COMPILATION_CACHE_DIR"])  # every program, however fast it compiled
     if job == "tiny":
         return run_tiny(args.dry_run, args.tiny_bootstrap, args.workdir)
     kind, name = job.split(":")
@@ -293,9 +298,19 @@ def child(job: str, args) -> None:
 # ---- parent
 
 
-def child_env(job: str, dry: bool) -> dict:
+def xla_cache(args) -> str | None:
+    """The persistent compilation cache the jobs share (a rerun loads its programs), or None."""
+    if args.xla_cache == "none" or (args.dry_run and not args.xla_cache):
+        return None
+    return os.path.abspath(args.xla_cache or ROOT / "workdirs" / "device_check_xla")
+
+
+def child_env(job: str, args) -> dict:
+    dry = args.dry_run
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    if xla_cache(args):
+        env["JAX_COMPILATION_CACHE_DIR"] = xla_cache(args)
     if dry:
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"  # toy programs: compiling is their cost
@@ -322,40 +337,52 @@ def start(job: str, args, budget: float, scratch: str) -> Running:
     command += ["--dry-run"] * args.dry_run + [f"--tiny-bootstrap={args.tiny_bootstrap}"] * bool(args.tiny_bootstrap)
     stderr = Path(scratch, job.replace(":", "_") + ".stderr")
     with stderr.open("w") as err:
-        proc = subprocess.Popen(command, cwd=ROOT, env=child_env(job, args.dry_run), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, cwd=ROOT, env=child_env(job, args), stdout=subprocess.PIPE,
                                 stderr=err, text=True, start_new_session=True)
     return Running(job, proc, stderr, budget, time.monotonic() + budget)
 
 
-def collect(run: Running) -> list[Row]:
-    """The job's rows: those it reported, then its planned ones it did not reach (with why)."""
+def collect(run: Running, stopped: str = "") -> list[Row]:
+    """The job's rows: those it reported, then its planned ones it did not reach (with why). With
+    `stopped` (why the check stops), the job is given a second to finish, then killed."""
     try:
-        out, _ = run.proc.communicate(timeout=max(1.0, run.deadline - time.monotonic()))
+        out, _ = run.proc.communicate(timeout=1.0 if stopped else max(1.0, run.deadline - time.monotonic()))
         why = f"not reached: the job exited {run.proc.returncode}: {run.stderr.read_text().strip()[-240:]}"
     except subprocess.TimeoutExpired:
         os.killpg(run.proc.pid, signal.SIGKILL)
         out, _ = run.proc.communicate()
-        why = f"not reached within the job's {run.budget:.0f} s budget"
+        why = f"not reached: {stopped}" if stopped else f"not reached within the job's {run.budget:.0f} s budget"
     done = [Row(**json.loads(line[4:])) for line in out.splitlines() if line.startswith("ROW ")]
     plan = planned(run.job)
     return done + [dataclasses.replace(r, note=r.note or why) for r in plan[len(done):]]
 
 
 def table(rows: list[Row], args, wall: float) -> str:
-    import jax
+    import jax  # the version only: the parent never starts a backend (the jobs hold the device)
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    cache = xla_cache(args)
+    new = DRY["new_tokens"] if args.dry_run else NEW_TOKENS
     head = (f"Device check{' (dry run: toy shapes on CPU)' if args.dry_run else ''}, "
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, jax {jax.__version__}, "
-            f"{wall:.0f} s. MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 dense bf16 peak); engine rows "
-            f"sample {DRY['new_tokens'] if args.dry_run else NEW_TOKENS} new tokens per row from bf16 copies of f32 masters; peaks are per process.\n\n")
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
+            f"{commit.stdout.strip() or '?'}, jax {jax.__version__}, {wall:.0f} s. MFU against "
+            f"{PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 dense bf16 peak). Engine rows sample {new} new tokens per "
+            f"row from bf16 copies of f32 masters. Peaks are per process. Compile s: "
+            f"{f'programs an earlier run compiled load from {cache}' if cache else 'no persistent cache'}.\n\n")
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
     return head + "\n".join(lines) + "\n"
+
+
+def write(selected: list[str], results: dict[str, list[Row]], args, begin: float) -> str:
+    """Writes the table: every selected job's rows, planned rows for the jobs not done yet."""
+    pending = f"not reached: the check stopped before this job ({time.monotonic() - begin:.0f} s)"
+    rows = [r for job in selected
+            for r in results.get(job) or [dataclasses.replace(p, note=p.note or pending) for p in planned(job)]]
+    text = table(rows, args, time.monotonic() - begin)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return text
 
 
 def main() -> None:
@@ -364,6 +391,8 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", tempfile.gettempdir()), "device_check.md"))
     p.add_argument("--only", default="", help="comma-separated jobs (default: all): " + ",".join(jobs()))
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every job's budget")
+    p.add_argument("--xla-cache", default="", help="persistent compilation cache the jobs share (default "
+                   "workdirs/device_check_xla; none in a dry run); 'none' = off")
     p.add_argument("--tiny-bootstrap", default="", help="a bootstrap cache for the tiny run (else it builds one)")
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -373,24 +402,26 @@ def main() -> None:
     selected = [j for j in jobs() if not args.only or j in args.only.split(",")]
     budgets = {j: (DRY_BUDGET_S if args.dry_run else BUDGET_S)[j] * args.budget_scale for j in selected}
     begin = time.monotonic()
-    rows: list[Row] = []
+    results: dict[str, list[Row]] = {}
+    running: list[Running] = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` in device_check.sh: clean up, then go
     with tempfile.TemporaryDirectory(prefix="device_check_") as scratch:
-        tiny = start("tiny", args, budgets["tiny"], scratch) if "tiny" in selected else None
-        for job in selected:
-            if job != "tiny":
-                rows += collect(start(job, args, budgets[job], scratch))
-                write(rows, args, begin)  # a table so far, should the whole check be cut short
-                print(f"{job}: done at {time.monotonic() - begin:.0f} s", file=sys.stderr, flush=True)
-        if tiny:
-            rows += collect(tiny)
-    print(write(rows, args, begin))
-
-
-def write(rows: list[Row], args, begin: float) -> str:
-    text = table(rows, args, time.monotonic() - begin)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    return text
+        try:
+            if "tiny" in selected:
+                running.append(start("tiny", args, budgets["tiny"], scratch))
+            for job in selected:
+                if job != "tiny":
+                    running.append(start(job, args, budgets[job], scratch))
+                    results[job] = collect(running[-1])
+                    write(selected, results, args, begin)  # a table so far, should the check be cut short
+                    print(f"{job}: done at {time.monotonic() - begin:.0f} s", file=sys.stderr, flush=True)
+            if "tiny" in selected:
+                results["tiny"] = collect(running[0])
+        finally:  # a stopped check (SIGTERM) keeps the rows its running jobs finished
+            for run in running:
+                if run.job not in results:
+                    results[run.job] = collect(run, stopped=f"the check stopped at {time.monotonic() - begin:.0f} s")
+            print(write(selected, results, args, begin))
 
 
 if __name__ == "__main__":

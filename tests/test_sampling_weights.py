@@ -86,8 +86,7 @@ def logprob_mismatch(trainer: Trainer, prompts, *, max_new_tokens: int, seed: in
     for prompt, tokens, logprobs in zip(prompts, generation.tokens, generation.logprobs):
         n = len(prompt)
         mask = np.arange(n + len(tokens)) >= n
-        seqs.append(TrainSequence(np.concatenate([prompt, tokens]), mask, np.where(mask, np.r_[np.zeros(n), logprobs], 0),
-                                  1.0))
+        seqs.append(TrainSequence(np.concatenate([prompt, tokens]), mask, np.r_[np.zeros(n), logprobs], 1.0))
     batch = pack(seqs, row_length=max(len(s.tokens) for s in seqs), row_multiple=trainer.data_parallel)
     mask_RT = batch.target_mask_RT.astype(bool)
     sampler_N, trainer_N = batch.sampler_logprobs_RT[mask_RT], trainer.logprobs(batch)[mask_RT]
