@@ -384,9 +384,10 @@ def rung2_plot(records: dict, path: Path) -> None:
     left.legend(fontsize=7)
     for key in ("initial", "spade"):
         rates = [w for s in seeds for w in records[s][key]["win_rate"] if w is not None]
-        right.hist(rates, bins=np.linspace(0, 1, 11), alpha=0.5, label=key)
+        right.hist(rates, bins=np.linspace(0, 1, 11), alpha=0.5, label=key if key == "initial" else f"{key} final")
     right.axvspan(*PLATEAU, color="grey", alpha=0.15)
-    right.set_xlabel("admitted programs' plain win rate")
+    right.set_xlabel("admitted programs' plain win rate (plateau band shaded)")
+    right.set_ylabel("admitted designs")
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
