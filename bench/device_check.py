@@ -17,8 +17,9 @@ finished stay, the others say they were not reached), one after the other on the
   weights of the same shape, same rows and contexts: prefill = a 1-token `generate`, decode =
   the `NEW_TOKENS` call minus it.
 - `update:<model>`: `Trainer.update` (pg objective, float32 masters, bfloat16 compute) on
-  16k tokens per step (bench/train_step.py's batch), the median of the timed steps after the
-  compiling one; MFU = model FLOPs / step time / the chip's dense bfloat16 peak.
+  16k tokens per step (bench/train_step.py's batch: the loss on each row's second half), the
+  median of the timed steps after the compiling one; MFU = `model_flops` / step time / the
+  chip's dense bfloat16 peak.
 - `tiny`: `python -m spade_jax.main --config=configs/tiny.py:runlocal` end to end (bootstrap
   included unless one is given), started first and run beside the other jobs (its own process,
   memory allocated on demand).
@@ -53,8 +54,7 @@ NEW_TOKENS = 64
 UPDATE_TOKENS = 16384
 UPDATE_ROW_LENGTH = 8192
 PEAK_FLOPS = 989e12  # H200 (as H100 SXM): dense bfloat16 tensor-core peak, no sparsity
-DEVICE_GIB = 139.0  # H200 memory the fit rule assumes (memory_plan.CHIP_HBM_GIB["h200"])
-FIT_SHARE = 0.85  # of DEVICE_GIB: the KV cache and weights of a combination must fit in this
+FIT_SHARE = 0.85  # of the H200's memory (memory_plan.CHIP_HBM_GIB): a combination's KV cache and weights fit in it
 BUDGET_S = {"engine:qwen3_0p6b": 80, "engine:qwen3_4b": 110, "hf:qwen3_0p6b": 40, "hf:qwen3_4b": 50,
             "update:qwen3_0p6b": 45, "update:qwen3_4b": 75, "tiny": 300}
 DRY_BUDGET_S = {**{job: 120 for job in BUDGET_S}, "tiny": 240}  # bounds on a loaded CPU, not durations
@@ -65,6 +65,8 @@ COLUMNS = ("job", "model", "shape", "prefill tok/s", "decode tok/s", "step s", "
 
 @dataclasses.dataclass
 class Row:
+    """One line of the table; a measurement left None is an empty cell."""
+
     job: str
     model: str
     shape: str
@@ -101,14 +103,16 @@ def arch(name: str, dry: bool):
 
 def sampling_shapes(name: str) -> list[tuple[int, int, str | None]]:
     """(rows, context, why skipped or None), smallest first, by the real shapes' memory."""
-    cfg = arch(name, dry=False)
+    from spade_jax.sampling.memory_plan import CHIP_HBM_GIB
+
+    cfg, device_gib = arch(name, dry=False), CHIP_HBM_GIB["h200"]
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     weights = 2 * cfg.num_params
     out = []
     for rows, context in sorted(((r, c) for r in ROWS for c in CONTEXTS), key=lambda rc: (rc[0] * rc[1], rc[1])):
         need = (kv_per_token * rows * context + weights) / 2**30
-        skip = (f"skipped: KV cache + bf16 weights {need:.0f} GiB > {FIT_SHARE:.0%} of {DEVICE_GIB:.0f} GiB"
-                if need > FIT_SHARE * DEVICE_GIB else None)
+        skip = (f"skipped: KV cache + bf16 weights {need:.0f} GiB > {FIT_SHARE:.0%} of {device_gib:.0f} GiB"
+                if need > FIT_SHARE * device_gib else None)
         out.append((rows, context, skip))
     return out
 
@@ -225,14 +229,16 @@ def run_hf(name: str, dry: bool) -> None:
         emit(row)
 
 
-def model_flops_per_token(cfg, length: int) -> float:
-    """Training FLOPs per token: 3 x (2 x matmul weights + causal attention's q.k and p.v at an
-    average context of length / 2). Embedding lookups are not FLOPs; a tied head counts once."""
+def model_flops(cfg, rows: int, length: int, trained: int) -> float:
+    """FLOPs one update needs: forward and backward (3 x 2 per weight and token) through the body on
+    every token, through the LM head on the `trained` (loss-masked) tokens only, as the trainer runs
+    it, and causal attention's q.k and p.v at an average context of length / 2. Embedding lookups
+    and rematerialisation are not counted."""
     D, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
     N, K, H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    matmul = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + V * D
+    body = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F)
     attention = 2 * 2 * L * N * H * (length / 2)
-    return 3 * (2 * matmul + attention)
+    return 3 * (rows * length * (2 * body + attention) + trained * 2 * V * D)
 
 
 def run_update(name: str, dry: bool) -> None:
@@ -255,7 +261,7 @@ def run_update(name: str, dry: bool) -> None:
         row.compile_s = time.perf_counter() - start  # compilation and the first step
         times = [trainer.update(batch)["step_time_s"] for _ in range(2 if dry else 3)]
         row.step_s = statistics.median(times)
-        row.mfu = model_flops_per_token(cfg, length) * rows * length / row.step_s / PEAK_FLOPS
+        row.mfu = model_flops(cfg, rows, length, int(batch.target_mask_RT.sum())) / row.step_s / PEAK_FLOPS
         row.peak_gib = device_peak_gib()
         steps = ", ".join(f"{t:.3f}" for t in times)
         row.note = (f"{rows * length / row.step_s:,.0f} tok/s; micro-batches of 1 row, remat dots, f32 masters + "
