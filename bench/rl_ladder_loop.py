@@ -1,8 +1,8 @@
 """The learning ladder's rungs 2 and 3: the designer's learning and the whole loop's, each against controls.
 
     python bench/rl_ladder_loop.py --rung 2 --study_dir DIR [--seeds 0,1,2] [--iterations 10] [--prompts 32]
-    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] [--iterations 20] \\
-        --agent_token_budget 200000 [--eval_plays 32]
+    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] --iterations 30 \\
+        --agent_token_budget 15000 [--eval_plays 32]     # tiny: about 1500 agent tokens per spade iteration
 
 Both run their arms with `bench/learning_study.py` (each run the main job, resumable: a finished
 run is skipped, an unfinished one resumes from its checkpoint), then score checkpoints; every
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
@@ -244,6 +245,12 @@ def play_designs(player, config, designs, seed: int, pool):
     return envs
 
 
+def prompt_id(design) -> str:
+    """A design's slot and a digest of its prompt's tokens: the item two designers are paired on."""
+    digest = hashlib.sha1(np.asarray(design.prompt_tokens, np.int64).tobytes()).hexdigest()[:10]
+    return f"{design.slot}:{digest}"
+
+
 def score_designs(designs, envs, config) -> dict:
     """The loop's designer reward of every design (`scoring.designer_scores`, in prompt order; a
     rejected one scores the failure penalty), with its admission and plain win rate."""
@@ -260,7 +267,7 @@ def score_designs(designs, envs, config) -> dict:
            for d, env_id in zip(designs, env_ids)]
     scores = scoring.designer_scores(due, by_id, reward_cfg, weight=1.0, delayed=config.designer.reward_delay > 0,
                                      timed_out=frozenset(e.env_id for e in envs if e.step_timeouts))
-    return {"items": [d.slot for d in designs], "reward": scores.rewards.tolist(),
+    return {"items": [prompt_id(d) for d in designs], "reward": scores.rewards.tolist(),
             "admitted": [bool(d.admitted) for d in designs], "skill": [d.skill for d in designs],
             "stage": [d.report.stage for d in designs],
             "win_rate": [by_id[i].win_rate if i in by_id else None for i in env_ids],
