@@ -97,6 +97,16 @@ def test_30b_plan_on_v5p_64():
     assert plan.parameters + plan.optimizer < 95 * GIB
 
 
+def test_a_bfloat16_sampling_copy_is_counted_while_sampling():
+    plain = _plan()
+    copied = _plan(sampling_dtype="bfloat16")
+    assert plain.sampling_weights == 0 == _plan(sampling_dtype="float32").sampling_weights
+    # 2 layers x 2 norms + the final norm = 320 scales stay f32, the other 90112 weights in bf16, halved by fsdp=2
+    assert copied.sampling_weights == (90112 * 2 + 320 * 4) // 2
+    assert copied.sampling == plain.sampling + copied.sampling_weights  # freed while the update runs
+    assert copied.resident == plain.resident and copied.update == plain.update
+
+
 def test_30b_preset_fits_v5p_64_with_headroom():
     c = _preset()
     c.model.path = "/checkpoint"

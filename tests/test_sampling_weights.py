@@ -56,6 +56,9 @@ def test_the_bfloat16_copy_is_sharded_like_the_masters_and_follows_every_update(
         assert copy[name].sharding == master.sharding, name
         np.testing.assert_array_equal(np.asarray(copy[name]), np.asarray(master.astype(copy[name].dtype)))
     before = np.asarray(copy["['embed_VD'].value"], np.float32)
+    trainer.sampling.release()  # as the update does: the copy's memory is free until the refresh
+    assert all(leaf.is_deleted() for leaf in _leaves(sampler.model).values())
+    assert not any(leaf.is_deleted() for leaf in _leaves(policy.model).values())
     trainer.update(_batch())
     assert trainer.sampling_policy is sampler  # refreshed in place: holders of the policy see the new weights
     masters, copy = _leaves(policy.model), _leaves(sampler.model)

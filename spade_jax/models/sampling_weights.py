@@ -2,7 +2,8 @@
 
 Every decode step reads every weight, so decoding is bound by the bytes it reads. With float32
 masters a step reads 4 bytes per parameter (and casts them to the compute dtype at use); a
-bfloat16 copy, cast once after each update (`SamplingWeights.refresh`), halves that. Only the
+bfloat16 copy, cast once after each update (`SamplingWeights.refresh`), halves that; the
+trainer frees it while it updates (`release`), so it costs memory only while sampling. Only the
 matrices (ndim >= 2) are cast: the model casts them to its compute dtype at use anyway, so with a
 bfloat16 compute dtype the copy leaves the sampler's arithmetic unchanged. The 1-D norm scales,
 which the model reads in float32, keep the masters' precision. The copy is sharded like the
@@ -65,6 +66,12 @@ class SamplingWeights:
     @property
     def is_copy(self) -> bool:
         return self.policy is not self.masters
+
+    def release(self) -> None:
+        """Frees the copy's buffers until the next `refresh` (nothing may sample in between)."""
+        if self.is_copy:
+            for leaf in jax.tree.leaves(nnx.state(self.policy.model)):
+                leaf.delete()
 
     def refresh(self) -> None:
         """Recasts the copy from the masters' current weights (nothing to do without a copy)."""

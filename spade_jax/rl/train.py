@@ -2,8 +2,8 @@
 
 `Trainer` owns the optimizer state and updates the policy's parameters (the master weights)
 in place (`nnx.update`), then refreshes the weights the samplers read (`sampling_policy`: the
-masters themselves, or a bfloat16 copy cast once per update, `models/sampling_weights.py`), so
-the sampler always sees the newest weights. The step is a single
+masters themselves, or a bfloat16 copy, freed during the update and cast again after it,
+`models/sampling_weights.py`), so the sampler always sees the newest weights. The step is a single
 `jax.jit` with explicit in/out shardings and a donated state; micro-batches run under
 `lax.scan` and their gradients of the loss *sums* are added, then divided by the total
 token count, which is exact whatever the number of tokens in each micro-batch.
@@ -194,6 +194,7 @@ class Trainer:
             arrays["old_logprobs_RT"] = jax.make_array_from_callback(
                 old_logprobs_RT.shape, self._row_sharding, lambda i: np.asarray(old_logprobs_RT, np.float32)[i]
             )
+        self.sampling.release()  # the update never reads the samplers' copy: its memory is the update's
         params, self.opt_state, metrics = self._update(self.params, self.opt_state, arrays, self.ref_params)
         self._set_params(params)
         self.step += 1

@@ -20,8 +20,10 @@ itself uses, over a mesh given as its `(data, fsdp, tensor)` sizes. What it coun
   attention query block's float32 scores and probabilities, every intermediate and its
   cotangent); the MoE dispatch buffer; the chunked LM head (a chunk's float32 logits, softmax
   and gradient, the gathered head weight and its gradient, the hidden states and theirs);
-- sampling: the rollout engine's KV cache and one layer's gathered weights plus a decode
-  step's float32 logits.
+- sampling: the samplers' copy of the weights when `model.sampling_dtype` differs from the
+  parameters' (`models/sampling_weights.py`: matrices in that dtype, norm scales as they are;
+  freed while the update runs), the rollout engine's KV cache, and one layer's gathered weights
+  plus a decode step's float32 logits.
 
 The update and sampling never run at once, so the peak is the resident total plus the larger
 of the two; within a phase every transient is counted as if alive together (an upper bound).
@@ -45,6 +47,7 @@ from flax import nnx
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import capacity
 from spade_jax.models.policy import abstract_model
+from spade_jax.models.sampling_weights import resolve_sampling_dtype
 from spade_jax.models.sharding import MESH_AXES, TRAIN_RULES, Rules, logical_to_spec
 from spade_jax.models.transformer import REMAT_POLICIES
 
@@ -95,10 +98,11 @@ class MemoryPlan:
     lm_head: int
     kv_cache: int
     sampler_working_set: int
+    sampling_weights: int = 0
 
     RESIDENT = ("parameters", "optimizer", "kl_reference")
     UPDATE = ("layer_stack", "gradients", "activations", "layer_working_set", "moe_dispatch", "lm_head")
-    SAMPLING = ("kv_cache", "sampler_working_set")
+    SAMPLING = ("sampling_weights", "kv_cache", "sampler_working_set")
 
     @property
     def resident(self) -> int:
@@ -185,12 +189,14 @@ def memory_plan(
     kl_reference: bool,
     logits_chunk: int = 128,
     rules: Rules = TRAIN_RULES,
+    sampling_dtype: str | jnp.dtype | None = None,
 ) -> MemoryPlan:
     """Bytes per device of training `model_config` on a `(data, fsdp, tensor)` mesh of `mesh_shape`.
 
     `rows_per_micro_batch` packed rows of `row_length` tokens per micro-batch; the sampler
     holds `sampler_rows` rows of `context_length` cache slots. `kl_reference`: the update keeps
-    a copy of the initial parameters (`rl.kl_coef > 0`).
+    a copy of the initial parameters (`rl.kl_coef > 0`). `sampling_dtype`: the dtype of the
+    samplers' copy of the weights (None, or `param_dtype`: they read the parameters, no copy).
     """
     if remat not in REMAT_POLICIES or remat == "none":
         raise ValueError(f"remat {remat!r} is not planned; choose dots or full")
@@ -200,10 +206,14 @@ def memory_plan(
     mesh = mesh_stub(mesh_shape)
     p_bytes, b = jnp.dtype(param_dtype).itemsize, jnp.dtype(compute_dtype).itemsize
     _, state = abstract_model(cfg)
-    params, layers = 0, {}
+    params, layers, copy_bytes = 0, {}, 0
+    copies = sampling_dtype is not None and jnp.dtype(sampling_dtype) != jnp.dtype(param_dtype)
     for path, var in nnx.to_flat_state(state):
         axes = var.get_metadata().get("logical_axes") or (None,) * len(var.shape)
         params += per_device(var.shape, axes, mesh, rules)
+        if copies:
+            itemsize = jnp.dtype(sampling_dtype).itemsize if len(var.shape) >= 2 else p_bytes
+            copy_bytes += per_device(var.shape, axes, mesh, rules) * itemsize
         if path[0] == "layers":
             held, gathered = layers.get(path[1], (0, 0))
             layers[path[1]] = (held + per_device(var.shape, axes, mesh, rules),
@@ -270,6 +280,7 @@ def memory_plan(
         lm_head=lm_head,
         kv_cache=kv_cache,
         sampler_working_set=max(gathered for _, gathered in layers.values()) * b + sampler_logits,
+        sampling_weights=copy_bytes,
     )
 
 
@@ -306,6 +317,7 @@ def plan_for_config(c, devices: int, arch: str) -> tuple[MemoryPlan, tuple[int, 
         sampler_rows=rows, context_length=context, remat=c.rl.remat,
         param_dtype=c.model.param_dtype, compute_dtype=c.model.dtype,
         kl_reference=c.rl.kl_coef > 0, logits_chunk=c.rl.logits_chunk,
+        sampling_dtype=resolve_sampling_dtype(c.model.sampling_dtype, "tpu"),  # planned for an accelerator
     )
     return plan, mesh_shape, f"{which}: {rows} rows x {context} slots"
 
