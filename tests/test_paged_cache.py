@@ -151,20 +151,23 @@ def test_xla_path_equals_the_kernels_reference_on_ragged_mixed_queries():
     np.testing.assert_allclose(np.asarray(ours_QNH), np.asarray(theirs_QNH), atol=1e-5, rtol=1e-5)
 
 
-def test_written_pages_read_back_as_rows():
+@pytest.mark.parametrize("layout", ["xla", "kernel"])
+def test_written_pages_read_back_as_rows(layout, monkeypatch):
+    monkeypatch.setattr(pa, "ragged_paged_attention", pa.ragged_paged_attention or (lambda *a, **k: None))
     rng = np.random.default_rng(2)
-    pool_PSCH = jnp.zeros((6, 4, 4, 8))
+    pool = pa.init_pool(6, 4, 2, 8, jnp.float32, layout)
     table_BM = jnp.asarray([[3, 1, 0], [2, 5, 4]], jnp.int32)
     k_BTKH, v_BTKH = (jnp.asarray(rng.normal(size=(2, 7, 2, 8)), jnp.float32) for _ in range(2))
     starts_B, lengths_B = jnp.asarray([2, 5]), jnp.asarray([6, 7])  # row 0's 7th token is padding
-    pool_PSCH = pa.write_pages(pool_PSCH, pa.combine_kv(k_BTKH, v_BTKH), table_BM, starts_B, lengths_B)
-    k_BKHL, v_BKLH = pa.gather_pages(pool_PSCH, table_BM)
+    pool = pa.write_pages(pool, k_BTKH, v_BTKH, table_BM, starts_B, lengths_B)
+    k_BKHL, v_BKLH = pa.gather_pages(pool, table_BM)
     for b in range(2):
         s, n = int(starts_B[b]), int(lengths_B[b])
         np.testing.assert_array_equal(k_BKHL[b, :, :, s:s + n], k_BTKH[b, :n].transpose(1, 2, 0))
         np.testing.assert_array_equal(v_BKLH[b, :, s:s + n], v_BTKH[b, :n].transpose(1, 0, 2))
         assert not np.asarray(k_BKHL[b, :, :, :s]).any() and not np.asarray(v_BKLH[b, :, :s]).any()
-    np.testing.assert_array_equal(pool_PSCH[0, 0, 0::2], k_BTKH[0, 6])  # the padding went to the trash page
+    trash_k_KH = pool[0][0, :, :, 0] if layout == "xla" else pool[0, 0, 0::2]
+    np.testing.assert_array_equal(trash_k_KH, k_BTKH[0, 6])  # the padding went to the trash page
 
 
 def test_kernel_in_interpret_mode_equals_the_xla_path():

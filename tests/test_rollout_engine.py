@@ -94,6 +94,23 @@ def test_a_refilled_row_forgets_its_previous_conversation():
     assert engine.free_rows() == list(range(3, engine.rows))  # 3 rows asked for, rounded up to a power of two
 
 
+@pytest.mark.parametrize("kv_cache", ["contiguous", "paged"])
+def test_a_row_that_fills_its_cache_bucket_keeps_its_last_slot(kv_cache):
+    """Row 0's prompt and reply fill the smallest cache bucket exactly and it finishes while row 1
+    still decodes: its idle writes must not land on its last real slot, which its next turn reads."""
+    policy = _policy(1)
+    rng = np.random.default_rng(0)
+    engine = RowEngine(policy, 2, max_new_tokens=12, temperature=0.0, stop_token_ids=[], kv_cache=kv_cache,
+                       page_size=16)
+    first = rng.integers(4, 128, 125).tolist()  # 124 slots written, then a 4-token reply: 128 slots
+    engine.submit(0, first, stream=0, turn=0, limit=4)
+    engine.submit(1, rng.integers(4, 128, 5).tolist(), stream=1, turn=0, limit=12)
+    reply = _run(engine, exit_after=2)[0]
+    conversation = first + reply.tokens.tolist() + [7]
+    engine.submit(0, conversation, stream=0, turn=1, limit=4)
+    _check_against_full_forward(policy, conversation, _run(engine)[0])
+
+
 def test_submit_refuses_what_the_row_cannot_take():
     policy = _policy(1)
     engine = RowEngine(policy, 2, max_new_tokens=8, temperature=0.0)

@@ -53,7 +53,9 @@ from spade_jax.models.sharding import activation_sharding, logical_to_spec
 from spade_jax.sampling.batching import bucket
 from spade_jax.sampling.host_memory import release_freed_memory
 from spade_jax.sampling.paged_attention import resolve as resolve_attention
-from spade_jax.sampling.paged_cache import POOL_AXES, PageTable, forward_pages, grow_pool, init_pools, pages_for
+from spade_jax.sampling.paged_cache import (
+    PageTable, forward_pages, grow_pool, init_pools, new_slots_to_pages, pages_for, pool_shardings, rows_from_pages,
+)
 from spade_jax.sampling.sampler import Generation, GenerationStats, batch_shards, check_sampling_args, place_inputs
 from spade_jax.sampling.tokens import select_tokens, token_logprobs
 
@@ -178,7 +180,8 @@ class RowEngine:
             self._pages = PageTable(R, page_size, 1 + initial)
         self._graphdef, self._state = nnx.split(policy.model)
         params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
-        self._signature = (self._graphdef, params, policy.mesh, policy.rules)  # what else a program depends on
+        layout = (page_size, self.paged_attention) if kv_cache == "paged" else None
+        self._signature = (self._graphdef, params, policy.mesh, policy.rules, layout)  # what else a program depends on
 
     # ---- rows
 
@@ -260,7 +263,7 @@ class RowEngine:
             while self._appends:
                 self._run_paged_append_pass()
             return self._run_paged_decode(exit_after)
-        self._fit_cache(cache_bucket(int(need.max())))
+        self._fit_cache(cache_bucket(int(need.max()) + 1))  # + the slot a row that finished writes while idle
         while self._appends:
             self._run_append_pass()
         return self._run_decode(exit_after)
@@ -396,23 +399,24 @@ class RowEngine:
             while num - pages.num_pages + pages.free_pages < missing:
                 num = 1 + 2 * (num - 1)
             pages.grow_to(num)
-            self._cache = self._program("init_pool", (num, pages.page_size), lambda: jax.jit(
-                init_pools, static_argnames=("config", "num_pages", "page_size"),
+            self._cache = self._program("init_pool", (num,), lambda: jax.jit(
+                init_pools, static_argnames=("config", "num_pages", "page_size", "implementation"),
                 out_shardings=self._pool_shardings(num),
-            ).lower(config=cfg, num_pages=num, page_size=pages.page_size))()
+            ).lower(config=cfg, num_pages=num, page_size=pages.page_size, implementation=self.paged_attention))()
             self.stats.pool_pages = max(self.stats.pool_pages, num)
             return
         num = pages.num_pages
         while num - pages.num_pages + pages.free_pages < missing:
             num = 1 + 2 * (num - 1)
-        grow = self._program("grow_pool", (pages.num_pages, num, pages.page_size), lambda: jax.jit(
+        grow = self._program("grow_pool", (pages.num_pages, num), lambda: jax.jit(
             grow_pool, static_argnames=("num_pages",), out_shardings=self._pool_shardings(num)[0],
         ).lower(self._cache[0], num_pages=num))
         start = time.perf_counter()
         grown = []
         for pool in self._cache:  # one layer at a time: the old and new pools are never both whole
             grown.append(jax.block_until_ready(grow(pool)))
-            pool.delete()
+            for buffer in jax.tree.leaves(pool):
+                buffer.delete()
         self._cache = grown
         pages.grow_to(num)
         release_freed_memory(self.policy.mesh.devices.flat)
@@ -489,7 +493,7 @@ class RowEngine:
             need_B = pick(self.lengths + self.limit - self.reply_len, 0)
             if any(self._pages.missing(r, n) for r, n in zip(rows, need_B)):
                 raise AssertionError("a decode chunk could write past a row's pages; too few were reserved")
-            M = self._table_width(int(need_B.max()))
+            M = self._table_width(int(need_B.max()) + 1)  # + the slot a row that finished writes while idle
             host = {
                 "page_table_BM": self._pages.table(rows_B, M),
                 "last_B": np.asarray([self.history[r][-1] if r >= 0 else self.pad_id for r in rows_B], np.int32),
@@ -503,9 +507,8 @@ class RowEngine:
         return sorted(replies, key=lambda reply: reply.row)
 
     def _pool_shardings(self, num_pages: int):
-        cfg, mesh, rules = self.policy.config, self.policy.mesh, self.policy.rules
-        shape = (num_pages, self._pages.page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
-        return [NamedSharding(mesh, logical_to_spec(POOL_AXES, shape, mesh, rules))] * cfg.num_layers
+        return pool_shardings(self.policy.config, num_pages, self._pages.page_size, self.paged_attention,
+                              self.policy.mesh, self.policy.rules)
 
     # ---- programs
 
@@ -599,12 +602,13 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
     """Decodes every active row until `exit_after` replies finished, at most `shrink_at` rows are
     active (0: none), or `num_steps` steps.
 
-    Each iteration feeds every row's pending token at its next slot (on the contiguous cache
-    idle rows write a slot past their real ones, overwritten later; on the paged cache, with
-    `page_table_BM` and the paged `attention` implementation, they write the trash page),
-    samples the next token of the active rows and records it. Returns `(tokens_BN,
-    logprobs_BN, count_B, finished_B, stopped_B, steps)` and the cache, which aliases the
-    donated input.
+    Each iteration feeds every row's pending token at its next slot (idle rows write a slot
+    past their real ones, overwritten later or never read), samples the next token of the
+    active rows and records it. With `page_table_BM` the cache is the paged pools: the "xla"
+    `attention` gathers the rows into contiguous caches for the chunk and writes the new slots
+    back at its end (`paged_cache.rows_from_pages`); the kernel reads and writes the pages at
+    every step. Returns `(tokens_BN, logprobs_BN, count_B, finished_B, stopped_B, steps)` and
+    the cache, which aliases the donated input.
     """
     model = nnx.merge(graphdef, state)
     B = last_B.shape[0]
@@ -617,8 +621,10 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
     def cond(c: _Chunk):
         return (c.step < num_steps) & (jnp.sum(c.active_B) > shrink_at) & (jnp.sum(c.finished_B) < exit_after)
 
+    gathered = page_table_BM is not None and attention == "xla"
+
     def extend(c: _Chunk):
-        if page_table_BM is None:
+        if page_table_BM is None or gathered:
             return model.extend_rows(c.last_B[:, None], c.lengths_B, c.cache)
         return forward_pages(model, c.last_B[:, None], c.lengths_B, c.active_B.astype(jnp.int32), page_table_BM,
                              c.cache, with_history=True, implementation=attention)
@@ -644,14 +650,17 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
 
     with activation_sharding(mesh, rules):
         chunk = _Chunk(
-            step=jnp.int32(0), cache=cache, last_B=last_B, lengths_B=lengths_B, active_B=active_B,
+            step=jnp.int32(0), cache=rows_from_pages(cache, page_table_BM) if gathered else cache, last_B=last_B, lengths_B=lengths_B, active_B=active_B,
             reply_len_B=reply_len_B, tokens_BN=jnp.full((B, num_steps), pad_id, jnp.int32),
             logprobs_BN=jnp.zeros((B, num_steps), jnp.float32), count_B=jnp.zeros((B,), jnp.int32),
             finished_B=jnp.zeros((B,), bool), stopped_B=jnp.zeros((B,), bool),
         )
         chunk = jax.lax.while_loop(cond, body, chunk)
+        new_cache = chunk.cache
+        if gathered:
+            new_cache = new_slots_to_pages(cache, chunk.cache, page_table_BM, lengths_B, chunk.count_B, num_steps)
     out = (chunk.tokens_BN, chunk.logprobs_BN, chunk.count_B, chunk.finished_B, chunk.stopped_B, chunk.step)
-    return out, chunk.cache
+    return out, new_cache
 
 
 def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 1.0,

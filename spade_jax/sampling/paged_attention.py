@@ -1,16 +1,18 @@
 """Attention over a paged KV cache: rows read their keys/values through a page table.
 
-The pool of one layer is `kv_pages_PSCH`: `(pages, page_size, 2 * kv_heads, head_dim)`,
-keys and values of kv head k interleaved at combined heads `2k` and `2k + 1`. That is
-the layout of JAX's ragged paged attention TPU kernel
-(`jax.experimental.pallas.ops.tpu.ragged_paged_attention`), so one pool serves both
-implementations behind `paged_attention`:
+A layer's pool comes in one of two layouts (`init_pool`), one per implementation of
+`paged_attention`:
 
-- "xla": gathers each row's pages by its page table into a contiguous `(rows, kv_heads,
-  head_dim, slots)` view and runs `transformer.attention` under a causal mask that stops
-  at the row's length. Works on every backend.
-- "kernel": the Pallas kernel, on TPU when the installed JAX has it. Queries are
-  flattened to the kernel's ragged layout (`cu_q_lens`), every row with `T` queries.
+- "kernel": `kv_pages_PSCH`, `(pages, page_size, 2 * kv_heads, head_dim)`, keys and values
+  of kv head k interleaved at combined heads `2k` and `2k + 1`: the layout of JAX's ragged
+  paged attention TPU kernel (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`),
+  used on TPU when the installed JAX has it. Queries are flattened to the kernel's ragged
+  layout (`cu_q_lens`), every row with `T` queries.
+- "xla": a pair `(k_pages_PKHS, v_pages_PKSH)`, each page in the `KVCache` layout. The row's
+  pages are gathered straight into the `(rows, kv_heads, head_dim, slots)` views
+  `transformer.attention` multiplies (one gather, no transpose: XLA:CPU decodes several
+  times slower from the kernel layout), under a causal mask that stops at the row's length.
+  Works on every backend; it also reads the kernel layout (for tests).
 
 Queries are right-aligned: query t of row b sits at slot `ends_B[b] - T + t` and sees
 the slots up to its own. Page 0 of a pool is the trash page: page-table padding points
@@ -23,6 +25,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from spade_jax.models.transformer import attention
 
@@ -51,45 +54,76 @@ def resolve(implementation: str) -> str:
     return implementation
 
 
+def init_pool(num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, implementation: str):
+    """A zeroed pool of one layer in `implementation`'s layout (see the module docstring)."""
+    P, S, K, H = num_pages, page_size, kv_heads, head_dim
+    if resolve(implementation) == "kernel":
+        return jnp.zeros((P, S, 2 * K, H), dtype)
+    return jnp.zeros((P, K, H, S), dtype), jnp.zeros((P, K, S, H), dtype)
+
+
+def pool_axes(pool):
+    """Logical axes of a pool's arrays (kv heads sharded like the model's), in its pytree structure."""
+    if isinstance(pool, tuple):
+        return (None, "kv_heads", "head_dim", None), (None, "kv_heads", None, "head_dim")
+    return None, None, "kv_heads", "head_dim"
+
+
 def combine_kv(k_BTKH, v_BTKH):
-    """`(B, T, 2K, H)`: keys and values interleaved per kv head, the pool's combined-head layout."""
+    """`(B, T, 2K, H)`: keys and values interleaved per kv head, the kernel layout's combined heads."""
     B, T, K, H = k_BTKH.shape
     return jnp.stack([k_BTKH, v_BTKH], axis=3).reshape(B, T, 2 * K, H)
 
 
-def write_pages(kv_pages_PSCH, kv_BTCH, page_table_BM, starts_B, lengths_B):
+def write_pages(pool, k_BTKH, v_BTKH, page_table_BM, starts_B, lengths_B):
     """Writes token t of row b to slot `starts_B[b] + t` of the row's pages, for t < lengths_B[b];
-    the rest goes to the trash page."""
-    S = kv_pages_PSCH.shape[1]
-    B, T = kv_BTCH.shape[:2]
+    the rest goes to the trash page. Returns the pool."""
+    S = pool[0].shape[-1] if isinstance(pool, tuple) else pool.shape[1]
+    T = k_BTKH.shape[1]
     slots_BT = starts_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     real_BT = jnp.arange(T)[None, :] < lengths_B[:, None]
     column_BT = jnp.minimum(slots_BT // S, page_table_BM.shape[1] - 1)
     pages_BT = jnp.where(real_BT, jnp.take_along_axis(page_table_BM, column_BT, axis=1), TRASH_PAGE)
-    return kv_pages_PSCH.at[pages_BT, slots_BT % S].set(kv_BTCH.astype(kv_pages_PSCH.dtype))
+    offsets_BT = slots_BT % S
+    if isinstance(pool, tuple):
+        k_PKHS, v_PKSH = pool
+        return (k_PKHS.at[pages_BT, :, :, offsets_BT].set(k_BTKH.astype(k_PKHS.dtype)),
+                v_PKSH.at[pages_BT, :, offsets_BT, :].set(v_BTKH.astype(v_PKSH.dtype)))
+    return pool.at[pages_BT, offsets_BT].set(combine_kv(k_BTKH, v_BTKH).astype(pool.dtype))
 
 
-def gather_pages(kv_pages_PSCH, page_table_BM):
+def _gather(pages_P_, page_table_BM, row_dims: tuple[int, int]):
+    """`pages_P_[page_table_BM]` with the table's two dims placed at `row_dims` of the output."""
+    shape = pages_P_.shape
+    offset_dims = tuple(d for d in range(len(shape) + 1) if d not in row_dims)
+    numbers = lax.GatherDimensionNumbers(offset_dims=offset_dims, collapsed_slice_dims=(0,), start_index_map=(0,))
+    return lax.gather(pages_P_, page_table_BM[..., None], numbers, (1, *shape[1:]), mode="clip")
+
+
+def gather_pages(pool, page_table_BM):
     """Row views `(k_BKHL, v_BKLH)` of the pool, L = pages per row * page size (the `KVCache` layout)."""
     B, M = page_table_BM.shape
-    _, S, C, H = kv_pages_PSCH.shape
-    kv_BLCH = kv_pages_PSCH[page_table_BM].reshape(B, M * S, C, H)
-    k_BKHL = kv_BLCH[:, :, 0::2].transpose(0, 2, 3, 1)
-    v_BKLH = kv_BLCH[:, :, 1::2].transpose(0, 2, 1, 3)
-    return k_BKHL, v_BKLH
+    if isinstance(pool, tuple):
+        k_PKHS, v_PKSH = pool
+        _, K, H, S = k_PKHS.shape
+        k_BKHL = _gather(k_PKHS, page_table_BM, (0, 3)).reshape(B, K, H, M * S)  # (B, K, H, M, S)
+        v_BKLH = _gather(v_PKSH, page_table_BM, (0, 2)).reshape(B, K, M * S, H)  # (B, K, M, S, H)
+        return k_BKHL, v_BKLH
+    _, S, C, H = pool.shape
+    kv_BLCH = pool[page_table_BM].reshape(B, M * S, C, H)
+    return kv_BLCH[:, :, 0::2].transpose(0, 2, 3, 1), kv_BLCH[:, :, 1::2].transpose(0, 2, 1, 3)
 
 
-def paged_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, implementation: str = "auto",
-                    interpret: bool = False):
+def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str = "auto", interpret: bool = False):
     """Causal attention of right-aligned queries over their rows' pages (see the module docstring).
 
     `interpret` runs the kernel in Pallas' TPU interpret mode (for tests off TPU), with fixed
     block sizes: the tuned ones are looked up by TPU version.
     """
     if resolve(implementation) == "kernel":
-        return _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, interpret=interpret)
+        return _kernel_attention(q_BTNH, pool, page_table_BM, ends_B, interpret=interpret)
     B, T = q_BTNH.shape[:2]
-    k_BKHL, v_BKLH = gather_pages(kv_pages_PSCH, page_table_BM)
+    k_BKHL, v_BKLH = gather_pages(pool, page_table_BM)
     L = k_BKHL.shape[-1]
     positions_BT = ends_B[:, None] - T + jnp.arange(T, dtype=jnp.int32)[None, :]
     mask_BTL = positions_BT[:, :, None] >= jnp.arange(L, dtype=jnp.int32)[None, None, :]

@@ -11,20 +11,28 @@ tokens' keys/values into the rows' pages (only the new slots) and attends throug
 table, either over the row's history and the new tokens at once (`with_history`: an append
 onto a history, or a decode step) or, for rows that hold nothing yet, causally among the
 new tokens only (a plain prefill, no pages read).
+
+`rows_from_pages` and `new_slots_to_pages` serve a decode chunk on the XLA path: the chunk's
+rows are gathered once into contiguous per-row caches, decoded there as the contiguous engine
+decodes, and only the slots the chunk wrote go back to the pages. A gather per decode step
+would copy every row's whole history once more per token, several times slower on XLA:CPU.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spade_jax.models.sharding import constrain
+from jax.sharding import NamedSharding
+
+from spade_jax.models.sharding import constrain, logical_to_spec
 from spade_jax.models.transformer import (
     attention_inputs, block_output, causal_self_attention, embed_lookup, rms_norm, rope_inverse_frequencies,
 )
-from spade_jax.sampling.paged_attention import TRASH_PAGE, combine_kv, paged_attention, write_pages
-
-POOL_AXES = (None, None, "kv_heads", "head_dim")  # (pages, page_size, combined heads, head_dim)
+from spade_jax.sampling.paged_attention import (
+    TRASH_PAGE, gather_pages, init_pool, paged_attention, pool_axes, write_pages,
+)
 
 
 def pages_for(slots: int, page_size: int) -> int:
@@ -77,15 +85,28 @@ class PageTable:
         return table
 
 
-def init_pools(config, num_pages: int, page_size: int):
-    """Zeroed per-layer pools `(pages, page_size, 2 * kv_heads, head_dim)`."""
-    shape = (num_pages, page_size, 2 * config.num_kv_heads, config.head_dim)
-    return [jnp.zeros(shape, jnp.dtype(config.dtype)) for _ in range(config.num_layers)]
+def init_pools(config, num_pages: int, page_size: int, implementation: str):
+    """Zeroed per-layer pools in `implementation`'s layout (`paged_attention.init_pool`)."""
+    return [init_pool(num_pages, page_size, config.num_kv_heads, config.head_dim, jnp.dtype(config.dtype),
+                      implementation) for _ in range(config.num_layers)]
 
 
-def grow_pool(pool_PSCH, *, num_pages: int):
+def grow_pool(pool, *, num_pages: int):
     """One layer's pool with `num_pages` pages: the old ones, then zeros."""
-    return jnp.pad(pool_PSCH, [(0, num_pages - pool_PSCH.shape[0])] + [(0, 0)] * 3)
+    return jax.tree.map(lambda x: jnp.pad(x, [(0, num_pages - x.shape[0])] + [(0, 0)] * (x.ndim - 1)), pool)
+
+
+def _each_array(fn, pool):
+    """`fn(array, logical_axes)` over a pool's arrays, keeping its structure."""
+    axes = pool_axes(pool)
+    return tuple(map(fn, pool, axes)) if isinstance(pool, tuple) else fn(pool, axes)
+
+
+def pool_shardings(config, num_pages: int, page_size: int, implementation: str, mesh, rules) -> list:
+    """Per-layer shardings of `init_pools`' pools: kv heads as the model shards them, pages whole."""
+    pool = jax.eval_shape(lambda: init_pools(config, num_pages, page_size, implementation)[0])
+    one = _each_array(lambda x, axes: NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules)), pool)
+    return [one] * config.num_layers
 
 
 def forward_pages(model, tokens_BT, starts_B, lengths_B, page_table_BM, pools, *, with_history: bool,
@@ -106,17 +127,35 @@ def forward_pages(model, tokens_BT, starts_B, lengths_B, page_table_BM, pools, *
     inv_freq = rope_inverse_frequencies(cfg)
     x_BTD = embed_lookup(model.embed_VD[...], tokens_BT).astype(dt)
     new_pools = []
-    for layer, pool_PSCH in zip(model.layers, pools):
+    for layer, pool in zip(model.layers, pools):
         w = layer.weights()
         h_BTD = rms_norm(x_BTD, w["attn_norm"], cfg.rms_norm_eps)
         q_BTNH, k_BTKH, v_BTKH = attention_inputs(h_BTD, w["attn"], cfg, positions_BT, inv_freq)
         q_BTNH = constrain(q_BTNH, ("batch", "length", "heads", None))
-        pool_PSCH = write_pages(pool_PSCH, combine_kv(k_BTKH, v_BTKH), page_table_BM, starts_B, lengths_B)
-        pool_PSCH = constrain(pool_PSCH, POOL_AXES)
+        pool = _each_array(constrain, write_pages(pool, k_BTKH, v_BTKH, page_table_BM, starts_B, lengths_B))
         if with_history:
-            out_BTNH = paged_attention(q_BTNH, pool_PSCH, page_table_BM, starts_B + T, implementation=implementation)
+            out_BTNH = paged_attention(q_BTNH, pool, page_table_BM, starts_B + T, implementation=implementation)
         else:
             out_BTNH = causal_self_attention(q_BTNH, k_BTKH.astype(dt), v_BTKH.astype(dt), causal_BTT)
         x_BTD, _ = block_output(x_BTD, out_BTNH, w, cfg)
-        new_pools.append(pool_PSCH)
+        new_pools.append(pool)
     return rms_norm(x_BTD, model.final_norm_D[...], cfg.rms_norm_eps), new_pools
+
+
+def rows_from_pages(pools, page_table_BM) -> list:
+    """Per-layer contiguous `(k_BKHL, v_BKLH)` caches of the table's rows (`Transformer.extend_rows`' layout)."""
+    return [gather_pages(pool, page_table_BM) for pool in pools]
+
+
+def new_slots_to_pages(pools, rows_kv, page_table_BM, starts_B, counts_B, width: int) -> list:
+    """Writes slots `[starts_B[b], starts_B[b] + counts_B[b])` (counts at most `width`) of the
+    contiguous caches `rows_kv` back into the rows' pages. Returns the pools."""
+    new_pools = []
+    for pool, (k_BKHL, v_BKLH) in zip(pools, rows_kv):
+        slots_BN = jnp.minimum(starts_B[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :], k_BKHL.shape[-1] - 1)
+        k_BKHN = jnp.take_along_axis(k_BKHL, slots_BN[:, None, None, :], axis=3)
+        v_BKNH = jnp.take_along_axis(v_BKLH, slots_BN[:, None, :, None], axis=2)
+        pool = write_pages(pool, k_BKHN.transpose(0, 3, 1, 2), v_BKNH.transpose(0, 2, 1, 3), page_table_BM, starts_B,
+                           counts_B)
+        new_pools.append(_each_array(constrain, pool))
+    return new_pools
