@@ -3,6 +3,7 @@
     python bench/rollout.py --model=smollm2                                  # SmolLM2-135M-Instruct, f32
     python bench/rollout.py --model=tiny --bootstrap=workdirs/tiny/bootstrap/bootstrap-<hash>
     python bench/rollout.py --model=smollm2 --engines=engine,lockstep --episodes=8
+    python bench/rollout.py --model=tiny --bootstrap=<dir> --engines=engine,paged     # contiguous vs paged cache
 
 Every engine plays the same requests: `--episodes` episodes of eight library
 environments (six tool-use, two games that go on for many turns), `--max_turns` turns,
@@ -11,6 +12,8 @@ vary), in a real sandbox pool. Engines:
 
 - `engine`: `play_episodes` as the loop runs it: the `RowEngine` keeps each row's KV
   cache across turns, refills rows as replies finish, steps the sandbox while it decodes;
+- `paged`: the same with the engine's paged KV cache (`kv_cache="paged"`, `--page_size`
+  slots a page): pages instead of resized rows, decode chunks over the active rows only;
 - `lockstep`: `play_episodes(sample=generate)`: every turn one `generate` call over every
   live episode, each conversation prefilled from its first token;
 - `hf`: the same lock-step driver with transformers' `generate` as the sampler (left-padded
@@ -161,9 +164,10 @@ def child(args) -> None:
     policy = load_policy(args)
     cfg = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, context_budget=args.context,
                       temperature=args.temperature, rows=args.rows, refill_fraction=args.refill_fraction,
-                      overlap_sandbox=args.overlap)
-    sample = {"engine": None, "lockstep": generate, "hf": hf_sampler(policy, args.cores) if args.engine == "hf" else None}[
-        args.engine]
+                      overlap_sandbox=args.overlap, kv_cache="paged" if args.engine == "paged" else "contiguous",
+                      page_size=args.page_size)
+    sample = {"engine": None, "paged": None, "lockstep": generate,
+              "hf": hf_sampler(policy, args.cores) if args.engine == "hf" else None}[args.engine]
     reqs = requests(args.episodes)
     compile_s = 0.0
 
@@ -213,6 +217,7 @@ def main() -> None:
     parser.add_argument("--refill_fraction", type=float, default=AgentConfig.refill_fraction)
     parser.add_argument("--overlap", action="store_true", default=AgentConfig.overlap_sandbox,
                         help="engine: step the sandbox while the next chunk decodes")
+    parser.add_argument("--page_size", type=int, default=AgentConfig.page_size, help="paged: slots per page")
     parser.add_argument("--max_turns", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=2048, help="context budget per episode")
