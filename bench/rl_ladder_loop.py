@@ -142,7 +142,8 @@ def run_flags(sargs, arm: str, seed: int) -> list[str]:
 
 
 def run_config(sargs, arm: str, seed: int):
-    """The config run (``arm``, ``seed``) was made with, parsed as the main job parses it."""
+    """The config run (``arm``, ``seed``) was made with, parsed as the main job parses it; stops
+    when it differs from the one the run saved (`config.json`) beyond the fields a resume may change."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -150,6 +151,13 @@ def run_config(sargs, arm: str, seed: int):
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "preset", flag_values=values, lock_config=True, sys_argv=argv)
     values(argv)
+    saved = sargs.study_dir / arm / f"seed{seed}" / "config.json"
+    if saved.exists():
+        resumable = ("num_iterations", "agent_token_budget", "log", "checkpoint", "compile_cache_dir")
+        now, then = json.loads(values.config.to_json()), json.loads(saved.read_text())
+        changed = sorted(k for k in set(now) | set(then) if k not in resumable and now.get(k) != then.get(k))
+        if changed:
+            raise SystemExit(f"{saved}: the run was made with other config sections ({changed}) than these flags give")
     return values.config
 
 

@@ -28,6 +28,21 @@ def test_pairing_refuses_sets_scored_on_other_items(ladder):
         ladder.paired({"items": [0, 1], "reward": [0, 1]}, {"items": [1, 0], "reward": [1, 0]}, "reward")
 
 
+def test_run_config_gives_the_rungs_overrides_and_refuses_a_run_saved_with_another(tmp_path, ladder):
+    args = ladder.parse_args(["--rung", "2", "--study_dir", str(tmp_path), "--seeds", "0", "--preset",
+                              "configs/tiny.py:runlocal", "--slots", "4"])
+    sargs = ladder.study_args(args, ladder.RUNG2_ARMS)
+    config = ladder.run_config(sargs, "spade", 0)
+    assert (config.rl.agent_weight, config.designer.num_slots, config.designer.skills_per_regeneration) == (0, 4, 2)
+    assert config.designer.train and not ladder.run_config(sargs, "frozen", 0).designer.train
+    saved = json.loads(config.to_json())
+    saved["designer"]["temperature"] += 0.1
+    (tmp_path / "spade" / "seed0").mkdir(parents=True)
+    (tmp_path / "spade" / "seed0" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(SystemExit, match="designer"):
+        ladder.run_config(sargs, "spade", 0)
+
+
 def _designs(rewards, admitted=None, items=None):
     admitted = [True] * len(rewards) if admitted is None else admitted
     return {"items": list(range(len(rewards))) if items is None else items, "reward": rewards,
