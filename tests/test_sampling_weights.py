@@ -40,6 +40,7 @@ def test_auto_is_bfloat16_on_accelerators_and_the_masters_themselves_on_cpu():
     policy = random_policy(CFG)
     assert SamplingWeights(policy, "auto").policy is policy  # no copy: nothing to cast on CPU
     assert SamplingWeights(policy, "float32").policy is policy
+    assert SamplingWeights(policy, None).policy is policy and Trainer(policy).sampling_policy is policy
 
 
 def test_the_bfloat16_copy_is_sharded_like_the_masters_and_follows_every_update():

@@ -42,14 +42,15 @@ def _casts(leaf, dtype) -> bool:
 
 
 class SamplingWeights:
-    """The `Policy` samplers use (`policy`): `masters` itself when no weight needs a cast, else
-    a policy over a cast copy of its weights, which `refresh` recasts in place after the masters
-    change (the copy's model object stays the same, so holders of `policy` see the new weights).
+    """The `Policy` samplers use (`policy`): `masters` itself when `dtype` is None or no weight
+    needs a cast, else a policy over a cast copy of its weights, which `refresh` recasts in place
+    after the masters change (the copy's model object stays the same, so holders of `policy` see
+    the new weights) and `release` frees while nothing samples.
     """
 
-    def __init__(self, masters: Policy, dtype: str = "auto"):
+    def __init__(self, masters: Policy, dtype: str | None = "auto"):
         self.masters = masters
-        self.dtype = resolve_sampling_dtype(dtype, masters.mesh.devices.flat[0].platform)
+        self.dtype = None if dtype is None else resolve_sampling_dtype(dtype, masters.mesh.devices.flat[0].platform)
         graphdef, state = nnx.split(masters.model)
         if not any(_casts(leaf, self.dtype) for leaf in jax.tree.leaves(state)):
             self.policy = masters

@@ -97,10 +97,11 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 class Trainer:
     """Optimizer state plus the compiled update for one `Policy`; `sampling_dtype` ("auto",
-    "float32" or "bfloat16") is the dtype of the weights the samplers read (`sampling_policy`)."""
+    "float32" or "bfloat16"; None: the masters) is the dtype of the weights the samplers read
+    (`sampling_policy`)."""
 
     def __init__(self, policy: Policy, optim: OptimConfig = OptimConfig(), loss: LossConfig = LossConfig(),
-                 sampling_dtype: str = "auto"):
+                 sampling_dtype: str | None = None):
         if loss.objective not in ("pg", "nll"):
             raise ValueError(f"unknown objective {loss.objective!r}; choose pg or nll")
         if loss.remat not in REMAT_POLICIES:
