@@ -16,7 +16,10 @@ The programs are the ones a self-play run compiles, lowered through the same fun
   optimizer state, the same out shardings) at the preset's `rl` settings, over the largest
   batch the preset packs (`update_rows`);
 - the rollout engine's (`sampling/engine.py`, `RowEngine`) `decode` chunk over `agent.rows`
-  rows with the cache of `agent.context_budget`, its `prefill` (an append pass into empty
+  rows with the cache of `agent.context_budget`, the same chunk on the paged cache
+  (`decode_paged`: a pool of `--page_size`-slot pages holding that many slots a row, read by
+  `--paged_attention`, the TPU kernel by default; compared with `decode` it shows the bytes
+  a step reads through page tables instead of whole cache rows), its `prefill` (an append pass into empty
   rows, `MAX_FRESH_TOKENS` each) and its `append` (a pass onto every row's history,
   `MAX_APPEND_TOKENS` each).
 
@@ -67,6 +70,7 @@ from spade_jax.models.sharding import TRAIN_RULES, logical_to_spec, make_mesh, p
 from spade_jax.rl.batch import TrainSequence, bucket_rows, pack  # noqa: E402
 from spade_jax.rl.train import Trainer, make_optimizer  # noqa: E402
 from spade_jax.sampling import engine as engine_lib  # noqa: E402
+from spade_jax.sampling import paged_cache  # noqa: E402
 from spade_jax.sampling.batching import bucket  # noqa: E402
 from spade_jax.selfplay import config as config_lib  # noqa: E402
 
@@ -166,6 +170,8 @@ class Plan:
     truncate: bool
     with_old_logprobs: bool
     moments_as_trainer: bool = False  # Adam moments placed as Trainer.__init__ places them (replicated)
+    page_size: int = engine_lib.PAGE_SIZE  # decode_paged: slots per page (divides cache_length)
+    paged_attention: str = "kernel"  # decode_paged: `paged_attention` implementation
 
     def describe(self) -> str:
         m, loss = self.model, self.loss
@@ -214,6 +220,7 @@ def make_plan(args, preset: str) -> Plan:
         cache_length=engine_lib.cache_bucket(agent.context_budget),
         max_new_tokens=agent.max_new_tokens, truncate=agent.top_k > 0 or agent.top_p < 1,
         with_old_logprobs=c.rl.updates_per_iteration > 1, moments_as_trainer=args.moments_as_trainer,
+        page_size=args.page_size, paged_attention=args.paged_attention,
     )
 
 
@@ -307,10 +314,11 @@ class Programs:
         return jax.jit(lambda a, b: jax.tree.map(jax.numpy.add, a, b), donate_argnums=(0,), out_shardings=sh).lower(
             params, params)
 
-    def _engine(self):
+    def _engine(self, paged: bool = False):
         plan = self.plan
+        paging = dict(kv_cache="paged", page_size=plan.page_size, paged_attention=plan.paged_attention) if paged else {}
         return engine_lib.RowEngine(self.policy, plan.engine_rows, max_new_tokens=plan.max_new_tokens,
-                                    stop_token_ids=QWEN3_STOP_IDS)
+                                    stop_token_ids=QWEN3_STOP_IDS, **paging)
 
     def _cache(self, engine):
         shardings = engine._cache_shardings(self.plan.cache_length)
@@ -318,23 +326,34 @@ class Programs:
                                                                None, None))
         return [tuple(abstract(x.shape, x.dtype, s) for x, s in zip(kv, kv_sh)) for kv, kv_sh in zip(shapes, shardings)]
 
-    def lower_decode(self):
-        """`RowEngine._run_decode`'s program: every row active, a chunk of `decode_steps` steps."""
-        engine, plan = self._engine(), self.plan
+    def lower_decode(self, paged: bool = False):
+        """`RowEngine._run_decode`'s program (`paged`: `_run_paged_decode`'s, a pool holding every
+        row's `cache_length` slots): every row active, a chunk of `decode_steps` steps."""
+        plan = self.plan
+        engine = self._engine(paged)
         R = engine.rows
         host = {
             "last_B": np.zeros(R, np.int32), "lengths_B": np.zeros(R, np.int32), "active_B": np.ones(R, bool),
             "reply_len_B": np.zeros(R, np.int32), "limit_B": np.zeros(R, np.int32),
             "stream_B": np.zeros(R, np.uint32), "turn_B": np.zeros(R, np.uint32),
-            **engine._scalars, "exit_after": np.asarray(1, np.int32),
+            **engine._scalars, "exit_after": np.asarray(1, np.int32), "shrink_at": np.asarray(0, np.int32),
         }
+        if paged:
+            host["page_table_BM"] = np.zeros((R, plan.cache_length // plan.page_size), np.int32)
+            num_pages = 1 + R * (plan.cache_length // plan.page_size)
+            shardings = engine._pool_shardings(num_pages)
+            shapes = jax.eval_shape(lambda: paged_cache.init_pools(plan.model, num_pages, plan.page_size,
+                                                                   engine.paged_attention))
+            cache = jax.tree.map(lambda x, sh: abstract(x.shape, x.dtype, sh), shapes, shardings)
+        else:
+            shardings, cache = engine._cache_shardings(plan.cache_length), self._cache(engine)
         args = placed_like_inputs(host, self.mesh, self.rules)
         return jax.jit(
-            engine_lib._decode, static_argnames=("graphdef", "num_steps", "truncate", "mesh", "rules"),
-            donate_argnums=(1,), out_shardings=(self.replicated, engine._cache_shardings(plan.cache_length)),
-        ).lower(engine._state, self._cache(engine), *(args[n] for n in engine_lib._DECODE_INPUTS),
-                graphdef=engine._graphdef, num_steps=engine.num_steps, truncate=plan.truncate, mesh=self.mesh,
-                rules=self.rules)
+            engine_lib._decode, static_argnames=("graphdef", "num_steps", "truncate", "attention", "mesh", "rules"),
+            donate_argnums=(1,), out_shardings=(self.replicated, shardings),
+        ).lower(engine._state, cache, *(args.get(n) for n in engine_lib._DECODE_INPUTS),
+                graphdef=engine._graphdef, num_steps=engine.num_steps, truncate=plan.truncate,
+                attention=engine.paged_attention, mesh=self.mesh, rules=self.rules)
 
     def lower_append(self, fresh: bool):
         """`RowEngine._run_append_pass`'s program over every row: fresh = a prefill into empty rows."""
@@ -351,7 +370,7 @@ class Programs:
                 graphdef=engine._graphdef, with_history=not fresh, mesh=self.mesh, rules=self.rules)
 
 
-PROGRAMS = ("update", "decode", "prefill", "append")
+PROGRAMS = ("update", "decode", "decode_paged", "prefill", "append")
 
 
 @contextlib.contextmanager
@@ -430,6 +449,7 @@ def tokens_per_execution(plan: Plan, program: str) -> int:
     return {
         "update": plan.rows * plan.row_length,
         "decode": plan.engine_rows,
+        "decode_paged": plan.engine_rows,
         "prefill": plan.engine_rows * engine_lib.MAX_FRESH_TOKENS,
         "append": plan.engine_rows * engine_lib.MAX_APPEND_TOKENS,
     }[program]
@@ -439,6 +459,8 @@ def shape_of(plan: Plan, program: str) -> str:
     return {
         "update": f"{plan.rows}x{plan.row_length} mb={plan.loss.micro_batch_rows or plan.rows} remat={plan.loss.remat}",
         "decode": f"{plan.engine_rows} rows, cache {plan.cache_length}",
+        "decode_paged": f"{plan.engine_rows} rows, {plan.cache_length // plan.page_size} pages of {plan.page_size}, "
+                        f"{plan.paged_attention}",
         "prefill": f"{plan.engine_rows}x{engine_lib.MAX_FRESH_TOKENS}, cache {plan.cache_length}",
         "append": f"{plan.engine_rows}x{engine_lib.MAX_APPEND_TOKENS}, cache {plan.cache_length}",
     }[program]
@@ -451,6 +473,7 @@ def measure(plan: Plan, programs: Programs, program: str, with_update_cost: bool
            "program": program, "shape": shape_of(plan, program), "hbm_gib": chip.hbm_gib}
     start = time.perf_counter()
     lower = {"update": programs.lower_update, "decode": programs.lower_decode,
+             "decode_paged": lambda: programs.lower_decode(paged=True),
              "prefill": lambda: programs.lower_append(fresh=True),
              "append": lambda: programs.lower_append(fresh=False)}[program]
     lowered = lower()
@@ -550,6 +573,9 @@ def main(argv=None) -> int:
     p.add_argument("--row_length", type=int, help="override rl.row_length (agent.context_budget at most this)")
     p.add_argument("--rows", type=int, help="update rows (default: update_rows, the largest batch the preset packs)")
     p.add_argument("--engine_rows", type=int, help="override agent.rows (rollout engine rows)")
+    p.add_argument("--page_size", type=int, default=engine_lib.PAGE_SIZE, help="decode_paged: slots per page")
+    p.add_argument("--paged_attention", default="kernel", choices=("kernel", "xla"),
+                   help="decode_paged: the ragged paged attention TPU kernel, or the XLA gather path")
     p.add_argument("--moments_as_trainer", action="store_true",
                    help="place the Adam moments as Trainer.__init__ does today (replicated) instead of like the params")
     p.add_argument("--no_update_cost", action="store_true", help="skip the update's cost probes (memory only)")

@@ -14,6 +14,9 @@
   appends only its new tokens), finish and refill independently; the agent's episodes
   (`agent.rollout.play_episodes`) run on it, and `generate_on_rows` gives `generate`'s
   contract on it.
+- `paged_cache`, `paged_attention`: the engine's paged KV cache (`kv_cache="paged"`): page
+  pools, per-row page tables, and attention through them (an XLA gather path, or JAX's
+  ragged paged attention kernel on TPU).
 - `chat`: `complete_chats`, chats to decoded replies (chat template, `generate_on_rows`,
   decode); the designer, the hint writer and the self-review ask through it.
 

@@ -27,9 +27,10 @@ With `kv_cache="paged"` (`sampling/paged_cache.py`) the cache is a pool of fixed
 per layer instead: a row takes pages as it grows and returns them when released, the pool
 grows by whole pages (doubling) and never resizes rows, a program reads each row through its
 page table (padded to `cache_bucket`'s steps, in pages), and appends and decode steps write
-only the new slots. Its decode chunks run on the active rows alone, gathered into a bucket
-(`ROWS_STEP` steps), and a chunk ends early once its active rows fit half its bucket, so rows
-that finished their reply stop costing compute (compaction).
+only the new slots. Its decode chunks run on the active rows alone, gathered into a
+power-of-two bucket (few buckets: each is one more decode program per cache bucket), and a
+chunk ends early once its active rows fit half its bucket, so rows that finished their reply
+stop costing compute (compaction).
 
 Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
 episode index) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`, so sampled
@@ -478,7 +479,7 @@ class RowEngine:
         runs on the smaller bucket, until `exit_after` replies finished (or none is active).
         A token's key does not depend on the batch, so this changes no reply."""
         shards = batch_shards(self.policy.mesh, self.policy.rules)
-        fit = lambda n: min(self.rows, stepped_bucket(n, ROWS_STEP, shards))  # noqa: E731
+        fit = lambda n: min(self.rows, bucket(n, 1, shards))  # noqa: E731
         replies = []
         while len(replies) < exit_after and self.active.any():
             rows = np.flatnonzero(self.active)

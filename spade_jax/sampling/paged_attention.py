@@ -117,8 +117,9 @@ def gather_pages(pool, page_table_BM):
 def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str = "auto", interpret: bool = False):
     """Causal attention of right-aligned queries over their rows' pages (see the module docstring).
 
-    `interpret` runs the kernel in Pallas' TPU interpret mode (for tests off TPU), with fixed
-    block sizes: the tuned ones are looked up by TPU version.
+    `interpret` runs the kernel in Pallas' TPU interpret mode (for tests off TPU). Off a TPU
+    backend (interpreted, or compiled ahead of time for TPU from a CPU host) the kernel gets
+    fixed block sizes: the tuned ones are looked up by the local TPU's version.
     """
     if resolve(implementation) == "kernel":
         return _kernel_attention(q_BTNH, pool, page_table_BM, ends_B, interpret=interpret)
@@ -134,7 +135,10 @@ def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str 
 def _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):
     B, T, N, H = q_BTNH.shape
     cu_q_lens_B1 = jnp.arange(B + 1, dtype=jnp.int32) * T
-    blocks = dict(num_kv_pages_per_block=1, num_queries_per_block=8) if interpret else {}
+    blocks = {}
+    if interpret or jax.default_backend() != "tpu":
+        S, M = kv_pages_PSCH.shape[1], page_table_BM.shape[1]
+        blocks = dict(num_kv_pages_per_block=max(1, min(M, 512 // S)), num_queries_per_block=8)
     call = lambda: ragged_paged_attention(  # noqa: E731
         q_BTNH.reshape(B * T, N, H).astype(kv_pages_PSCH.dtype), kv_pages_PSCH, ends_B.astype(jnp.int32),
         page_table_BM.astype(jnp.int32), cu_q_lens_B1, jnp.asarray([B], jnp.int32), sm_scale=1 / math.sqrt(H),
