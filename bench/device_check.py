@@ -21,8 +21,8 @@ finished stay, the others say they were not reached), one after the other on the
   median of the timed steps after the compiling one; MFU = `model_flops` / step time / the
   chip's dense bfloat16 peak.
 - `tiny`: `python -m spade_jax.main --config=configs/tiny.py:runlocal` end to end (bootstrap
-  included unless one is given), started first and run beside the other jobs (its own process,
-  memory allocated on demand).
+  included unless one is given; on an accelerator it samples from the loop's bfloat16 copy),
+  started first and run beside the other jobs (its own process, memory allocated on demand).
 
 Peak memory is the process's device peak after the row (rows run smallest first). `--dry-run`
 runs every job on CPU with toy shapes (a 2-layer model, 2 rows, contexts of 48/96 tokens, a few
@@ -254,8 +254,7 @@ def run_update(name: str, dry: bool) -> None:
         rows, length = ((DRY["update_rows"], DRY["update_row_length"]) if dry
                         else (UPDATE_TOKENS // UPDATE_ROW_LENGTH, UPDATE_ROW_LENGTH))
         batch = make_batch(rows, length, cfg.vocab_size)
-        trainer = Trainer(random_policy(cfg), OptimConfig(lr=1e-6), LossConfig(micro_batch_rows=1, remat="dots"),
-                          sampling_dtype="float32")
+        trainer = Trainer(random_policy(cfg), OptimConfig(lr=1e-6), LossConfig(micro_batch_rows=1, remat="dots"))
         start = time.perf_counter()
         trainer.update(batch)
         row.compile_s = time.perf_counter() - start  # compilation and the first step
@@ -271,13 +270,13 @@ def run_update(name: str, dry: bool) -> None:
     emit(row)
 
 
-def run_tiny(dry: bool, bootstrap: str | None, workdir: str) -> None:
+def run_tiny(dry: bool, bootstrap: str, workdir: str) -> None:
+    """The main job on `tiny:runlocal` (one iteration in a dry run), its bootstrap cached in `bootstrap`
+    (built there when it holds none)."""
     (row,) = planned("tiny")
-    command = [sys.executable, "-m", "spade_jax.main", "--config=configs/tiny.py:runlocal", f"--workdir={workdir}"]
-    if dry:
-        command.append("--config.num_iterations=1")
-    if bootstrap:
-        command.append(f"--config.bootstrap.cache_dir={bootstrap}")
+    built = not any(Path(bootstrap).glob("bootstrap-*"))
+    command = [sys.executable, "-m", "spade_jax.main", "--config=configs/tiny.py:runlocal", f"--workdir={workdir}",
+               f"--config.bootstrap.cache_dir={bootstrap}"] + ["--config.num_iterations=1"] * dry
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -286,7 +285,7 @@ def run_tiny(dry: bool, bootstrap: str | None, workdir: str) -> None:
     if done.returncode:
         row.note = f"error: exit {done.returncode} after {wall:.0f} s: {done.stderr.strip()[-240:]}"
     else:
-        row.note = f"{iterations} iteration(s) in {wall:.0f} s wall (bootstrap {'given' if bootstrap else 'built'})"
+        row.note = f"{iterations} iteration(s) in {wall:.0f} s wall (bootstrap {'built' if built else 'cached'})"
     emit(row)
 
 
@@ -330,6 +329,8 @@ def child_env(job: str, args) -> dict:
 
 @dataclasses.dataclass
 class Running:
+    """A started job: its process, the file its stderr goes to, its budget and deadline."""
+
     job: str
     proc: subprocess.Popen
     stderr: Path
@@ -340,7 +341,9 @@ class Running:
 def start(job: str, args, budget: float, scratch: str) -> Running:
     """Starts `job` in its own process group (a timed-out job is killed with its children)."""
     command = [sys.executable, __file__, f"--job={job}", f"--workdir={os.path.join(scratch, 'tiny')}"]
-    command += ["--dry-run"] * args.dry_run + [f"--tiny-bootstrap={args.tiny_bootstrap}"] * bool(args.tiny_bootstrap)
+    home = scratch if args.dry_run else ROOT / "workdirs"
+    bootstrap = args.tiny_bootstrap or os.path.join(home, "device_check_bootstrap")
+    command += ["--dry-run"] * args.dry_run + [f"--tiny-bootstrap={bootstrap}"]
     stderr = Path(scratch, job.replace(":", "_") + ".stderr")
     with stderr.open("w") as err:
         proc = subprocess.Popen(command, cwd=ROOT, env=child_env(job, args), stdout=subprocess.PIPE,
@@ -399,7 +402,8 @@ def main() -> None:
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every job's budget")
     p.add_argument("--xla-cache", default="", help="persistent compilation cache the jobs share (default "
                    "workdirs/device_check_xla; none in a dry run); 'none' = off")
-    p.add_argument("--tiny-bootstrap", default="", help="a bootstrap cache for the tiny run (else it builds one)")
+    p.add_argument("--tiny-bootstrap", default="", help="the tiny run's bootstrap cache (default "
+                   "workdirs/device_check_bootstrap, built by the first run; a scratch one in a dry run)")
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args()
