@@ -190,6 +190,8 @@ def test_sampled_episodes_depend_on_the_seed_not_on_the_schedule(chat_policy, po
     first = play_episodes(chat_policy, pool, requests, cfg, seed=3)
     rescheduled = dataclasses.replace(cfg, rows=2, refill_fraction=1.0, overlap_sandbox=False)
     _same(first, play_episodes(chat_policy, pool, requests, rescheduled, seed=3), logprob_tol=1e-5)
+    paged = dataclasses.replace(cfg, rows=4, kv_cache="paged", page_size=16)  # pages, compacted decode chunks
+    _same(first, play_episodes(chat_policy, pool, requests, paged, seed=3), logprob_tol=1e-4)
     other = play_episodes(chat_policy, pool, requests, cfg, seed=4)
     assert [t.tokens.tolist() for t in other] != [t.tokens.tolist() for t in first]
 
