@@ -1,8 +1,8 @@
 """The learning ladder's rungs 2 and 3: the designer's learning and the whole loop's, each against controls.
 
     python bench/rl_ladder_loop.py --rung 2 --study_dir DIR [--seeds 0,1,2] [--iterations 10] [--prompts 32]
-    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] --iterations 30 \\
-        --agent_token_budget 15000 [--eval_plays 32]     # tiny: about 1500 agent tokens per spade iteration
+    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] --iterations 60 \\
+        --agent_token_budget 15000 [--eval_plays 32]   # tiny: ~1800 agent tokens per spade iteration, ~300 fixed_pool
 
 Both run their arms with `bench/learning_study.py` (each run the main job, resumable: a finished
 run is skipped, an unfinished one resumes from its checkpoint), then score checkpoints; every
@@ -459,7 +459,8 @@ def rung3(args) -> dict:
                     record[arm].update(step=step, **run_summary(workdir))
                     bar.update()
             records[seed] = record
-    return {"records": records, "initial_heldout": study._initial_heldout(args.study_dir)}
+    return {"records": records, "initial_heldout": study._initial_heldout(args.study_dir),
+            "agent_token_budget": args.agent_token_budget}
 
 
 def run_summary(workdir: Path) -> dict:
@@ -473,7 +474,7 @@ def run_summary(workdir: Path) -> dict:
 def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
     """One table per arm: per seed the trained families' win rate initial -> final (McNemar), final
     against spade's final (McNemar), held-out score initial -> end; and whether the bar is met."""
-    records, initial_heldout = result["records"], result["initial_heldout"]
+    records, initial_heldout, budget = result["records"], result["initial_heldout"], result["agent_token_budget"]
     met = bool(records) and "spade" in arms
     lines = []
     for arm in arms:
@@ -493,8 +494,13 @@ def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
                 met &= p_spade < 0.05 and s.mean() > c.mean()
             lines.append(f"| {seed} | {b.mean():.3f} → {a.mean():.3f} | {p_initial:.3g} | {vs_spade} | "
                          f"{_fmt(initial_heldout)} → {_fmt(record[arm]['heldout'])} | "
-                         f"{record[arm]['agent_tokens']} | {record[arm]['iterations']} |")
+                         f"{_tokens(record[arm]['agent_tokens'], budget)} | {record[arm]['iterations']} |")
     return lines, met
+
+
+def _tokens(tokens: int, budget: int) -> str:
+    """A run's agent tokens, marked when it stopped at its iteration cap before spending the budget."""
+    return f"{tokens}" if tokens >= budget else f"{tokens} (budget {budget} not reached: raise --iterations)"
 
 
 def rung3_plot(result: dict, arms, path: Path) -> None:

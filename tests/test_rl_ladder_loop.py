@@ -78,14 +78,16 @@ def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder
     initial = [False] * 8
     spade = [True] * 7 + [False]  # 7 discordant, all won after: p = 2 / 2**7
     records = {0: {"initial": _plays(initial), "spade": _plays(spade), "frozen": _plays(initial)}}
-    lines, met = ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["spade", "frozen"])
+    records[0]["frozen"]["agent_tokens"] = 60
+    result = {"records": records, "initial_heldout": 0.1, "agent_token_budget": 100}
+    lines, met = ladder.rung3_report(result, ["spade", "frozen"])
     rows = [line for line in lines if line.startswith("| 0 |")]
-    assert rows[0].startswith("| 0 | 0.000 → 0.875 | 0.0156 | – | 0.100 → 0.250 | 100 | 2 |")
-    assert rows[1].startswith("| 0 | 0.000 → 0.000 | 1 | 0.0156 (0.000 vs 0.875) |")
+    assert rows[0] == "| 0 | 0.000 → 0.875 | 0.0156 | – | 0.100 → 0.250 | 100 | 2 |"
+    assert rows[1].startswith("| 0 | 0.000 → 0.000 | 1 | 0.0156 (0.000 vs 0.875) | 0.100 → 0.250 | 60 (budget")
     assert met
     records[0]["frozen"] = _plays(spade)
-    assert not ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["spade", "frozen"])[1]
-    assert not ladder.rung3_report({"records": records, "initial_heldout": 0.1}, ["frozen"])[1]  # controls alone
+    assert not ladder.rung3_report(result, ["spade", "frozen"])[1]
+    assert not ladder.rung3_report(result, ["frozen"])[1]  # controls alone
 
 
 def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, ladder, capsys, monkeypatch):
