@@ -442,9 +442,9 @@ def rung3(args) -> dict:
     with progress_bar(len(args.seeds) * (1 + len(args.arms)), "rung 3: trained families", unit="policies") as bar:
         for seed in args.seeds:
             seeds, stream = family_seeds(seed, args.eval_plays), derive_seed(seed, "ladder-families-stream")
-            config = run_config(sargs, "spade", seed)
+            config = run_config(sargs, args.arms[0], seed)  # the arms' agent settings are the same
             with SandboxPool(config_lib.sandbox_config(config)) as pool:
-                initial = load_policy(config, args.study_dir / "spade" / f"seed{seed}", "none")
+                initial = load_policy(config, args.study_dir / args.arms[0] / f"seed{seed}", "none")
                 record = {"initial": cached(
                     args.study_dir / "ladder" / f"rung3-initial-seed{seed}-n{args.eval_plays}.json",
                     lambda: play_families(initial, config, seeds, stream, pool))}
