@@ -10,8 +10,8 @@ A layer's pool comes in one of two layouts (`init_pool`), one per implementation
   layout (`cu_q_lens`), every row with `T` queries.
 - "xla": a pair `(k_pages_PKHS, v_pages_PKSH)`, each page in the `KVCache` layout. The row's
   pages are gathered straight into the `(rows, kv_heads, head_dim, slots)` views
-  `transformer.attention` multiplies (one gather, no transpose: XLA:CPU decodes several
-  times slower from the kernel layout), under a causal mask that stops at the row's length.
+  `transformer.attention` multiplies (one gather; from the kernel layout it would also
+  transpose every page), under a causal mask that stops at the row's length.
   Works on every backend; it also reads the kernel layout (for tests).
 
 Queries are right-aligned: query t of row b sits at slot `ends_B[b] - T + t` and sees

@@ -15,7 +15,8 @@ new tokens only (a plain prefill, no pages read).
 `rows_from_pages` and `new_slots_to_pages` serve a decode chunk on the XLA path: the chunk's
 rows are gathered once into contiguous per-row caches, decoded there as the contiguous engine
 decodes, and only the slots the chunk wrote go back to the pages. A gather per decode step
-would copy every row's whole history once more per token, several times slower on XLA:CPU.
+copies every row's whole history once more per token: 2-7x slower decode on XLA:CPU
+(measured on a 4-layer model, 16 rows of ~400 tokens, 64 steps).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.sharding import NamedSharding
 
 from spade_jax.models.sharding import constrain, logical_to_spec
