@@ -515,7 +515,7 @@ class RowEngine:
 
     @property
     def cache_length(self) -> int:
-        """Slots per row in the current cache bucket."""
+        """Slots per row in the current cache bucket (the contiguous cache)."""
         return self._cache[0][0].shape[-1]
 
     def _cache_shardings(self, length: int):
