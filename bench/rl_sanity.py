@@ -168,10 +168,12 @@ def _arm(setup: Setup, seed: int, lr: float, args) -> dict:
         record["before"]["greedy"] = evaluate(0.0)[1].tolist()
     record["curve"].append(_by_program(played, wins))
     start = time.perf_counter()
-    won = {n: 0 for n in names}
-    tried = {n: 0 for n in names}
+    history: list[tuple[dict, dict]] = []  # (wins, plays) per program, one entry per update
     with progress_bar(args.updates, f"rung {args.rung} seed {seed} lr {lr:g}", unit="updates") as bar:
         for u in range(args.updates):
+            recent = history[-args.window:] if args.window else history
+            won = {n: sum(w[n] for w, _ in recent) for n in names}
+            tried = {n: sum(t[n] for _, t in recent) for n in names}
             counts = ({n: args.plays for n in names} if args.allocate == "uniform"
                       else allocate_plays(won, tried, args.plays * len(names), args.min_plays))
             if args.rung == 0:
@@ -180,9 +182,10 @@ def _arm(setup: Setup, seed: int, lr: float, args) -> dict:
                 seeds = {n: [derive_seed(seed, "train", u, n, j) % EPISODE_SEED_SPACE for j in range(counts[n])]
                          for n in names}
             played_u, trajectories = _play(policy, setup, seeds, stream=derive_seed(seed, "train-stream", u))
+            history.append(({n: 0 for n in names}, {n: 0 for n in names}))
             for n, w in zip(played_u, _wins(trajectories)):
-                won[n] += int(w)
-                tried[n] += 1
+                history[-1][0][n] += int(w)
+                history[-1][1][n] += 1
             info = _update(trainer, setup, trajectories)
             info["train_win_rate"] = float(_wins(trajectories).mean())
             info["plays"] = counts
@@ -282,6 +285,8 @@ def main() -> None:
     parser.add_argument("--allocate", choices=("uniform", "variance"), default="uniform",
                         help="uniform: --plays per program; variance: the same total split by allocate_plays")
     parser.add_argument("--min_plays", type=int, default=4, help="fewest plays of a program per update (variance)")
+    parser.add_argument("--window", type=int, default=0,
+                        help="variance: the win rates come from the last N updates' plays (0: all so far)")
     parser.add_argument("--eval_plays", type=int, default=32, help="evaluation plays per program")
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's rl.lr")
     parser.add_argument("--block", type=int, default=10, help="updates per block mean (rung 1)")
@@ -301,7 +306,7 @@ def main() -> None:
     lines, met = _verdict(records, args)
     report = [f"# Rung {args.rung}", "", f"`python bench/rl_sanity.py --rung {args.rung} --load {args.load} "
               f"--seeds {args.seeds} --updates {args.updates} --plays {args.plays} --eval_plays {args.eval_plays} "
-              f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays}`",
+              f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays} --window {args.window}`",
               "", *lines, "", f"**Bar {'met' if met else 'not met'}.**"]
     (args.out / f"rung{args.rung}.md").write_text("\n".join(report) + "\n")
     _plot(records, args, args.out / f"rung{args.rung}.png")
