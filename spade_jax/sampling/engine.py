@@ -324,6 +324,10 @@ class RowEngine:
             out_shardings=self._cache_shardings(self.cache_length),
         ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, with_history=not fresh,
                 mesh=self.policy.mesh, rules=self.policy.rules))
+        self._apply_append(append, inputs, rows, pieces)
+
+    def _apply_append(self, append, inputs, rows, pieces) -> None:
+        """Runs one compiled append pass and moves each row's appended piece from pending to cached."""
         start = time.perf_counter()
         self._cache = jax.block_until_ready(append(self._state, self._cache, *inputs))
         self.stats.append_s += time.perf_counter() - start
@@ -461,16 +465,7 @@ class RowEngine:
             donate_argnums=(1,), out_shardings=self._pool_shardings(P),
         ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, with_history=not fresh,
                 attention=self.paged_attention, mesh=self.policy.mesh, rules=self.policy.rules))
-        start = time.perf_counter()
-        self._cache = jax.block_until_ready(append(self._state, self._cache, *inputs))
-        self.stats.append_s += time.perf_counter() - start
-        self.stats.append_passes += 1
-        for row, piece in zip(rows, pieces):
-            self.lengths[row] += len(piece)
-            self.stats.appended_tokens += len(piece)
-            rest = self._appends.pop(row)[len(piece):]
-            if rest:
-                self._appends[row] = rest
+        self._apply_append(append, inputs, rows, pieces)
 
     def _run_paged_decode(self, exit_after: int) -> list[Reply]:
         """Decode chunks over the active rows only, gathered into a bucket of rows (compaction).
