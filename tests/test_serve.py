@@ -268,7 +268,7 @@ def test_survives_a_client_that_disconnects_mid_stream(server, client):
         assert line, "the stream ended before its first delta"
     assert line.startswith(b"data: ") and b'"finish_reason": null' in line
     response.close()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a liveness bound, not a speed one
     while _health(server).get("rows_cancelled", 0) == before:
         assert time.monotonic() < deadline, _health(server)
         time.sleep(0.1)
@@ -298,8 +298,8 @@ def test_sigterm_finishes_or_fails_in_flight_requests(server, client):
 
     thread = threading.Thread(target=stream)
     thread.start()
-    deadline = time.monotonic() + 20
-    while _health(server)["decoding"] == 0:
+    deadline = time.monotonic() + 120  # a liveness bound: under load the first decode can take long
+    while _health(server)["decoding"] == 0 and thread.is_alive():
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(server["proc"].pid, signal.SIGTERM)
