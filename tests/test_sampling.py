@@ -238,11 +238,12 @@ def test_repeated_calls_do_not_pile_up_host_memory():
 
     # Measured (132 MB of cache per call): with the trim the peak grows 0 MB in most runs and up to
     # 43 MB in one of about ten (a call's allocations overlapping the previous call's release);
-    # without it, 143-239 MB here and 128 MB once on a loaded CI machine. Both bounds sit in the gap.
+    # without it, 143-239 MB here, 128 MB once and 91 MB once on a loaded machine. Both bounds sit
+    # in the gap.
     growth, cache_mb = run("trim")
-    assert growth < 0.5 * cache_mb, (growth, cache_mb)
+    assert growth < 0.4 * cache_mb, (growth, cache_mb)
     untrimmed_growth, _ = run("no-trim")
-    assert untrimmed_growth > 0.75 * cache_mb, "the allocator no longer piles up caches; the trim may be unneeded"
+    assert untrimmed_growth > 0.5 * cache_mb, "the allocator no longer piles up caches; the trim may be unneeded"
 
 
 def test_sharded_sampler_matches_one_device():
