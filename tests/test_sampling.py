@@ -236,12 +236,17 @@ def test_repeated_calls_do_not_pile_up_host_memory():
         first, last, cache_mb = map(float, out.stdout.split())
         return last - first, cache_mb
 
-    # Measured (132 MB of cache per call): with the trim the peak grows 0 MB in most runs and up to
-    # 43 MB in one of about ten (a call's allocations overlapping the previous call's release);
-    # without it, 143-239 MB here, 128 MB once and 91 MB once on a loaded machine. Both bounds sit
-    # in the gap.
-    growth, cache_mb = run("trim")
-    assert growth < 0.4 * cache_mb, (growth, cache_mb)
+    # Measured (132 MB of cache per call): with the trim the peak grows 0 MB in most runs, up to
+    # 43 MB in one of about ten and 77 MB once on a loaded machine (a call's allocations overlapping
+    # the previous call's release); without it, 143-239 MB here, 128 MB and 91 MB on a loaded
+    # machine. Under load the two overlap in single runs, so the trimmed run gets three tries.
+    growths = []
+    for _ in range(3):
+        growth, cache_mb = run("trim")
+        growths.append(growth)
+        if growth < 0.4 * cache_mb:
+            break
+    assert min(growths) < 0.4 * cache_mb, (growths, cache_mb)
     untrimmed_growth, _ = run("no-trim")
     assert untrimmed_growth > 0.5 * cache_mb, "the allocator no longer piles up caches; the trim may be unneeded"
 
