@@ -295,17 +295,22 @@ class RowEngine:
         release_freed_memory(self.policy.mesh.devices.flat)
         self.stats.resize_s += time.perf_counter() - start
 
-    def _run_append_pass(self) -> None:
-        """Writes the next pending tokens of a group of rows: the rows that hold nothing yet (a
-        plain causal prefill, up to `MAX_FRESH_TOKENS` each), else every row with an append (up
-        to `MAX_APPEND_TOKENS` each, attending to the row's history)."""
+    def _plan_append_pass(self):
+        """The next append pass: whether its rows are empty (`fresh`), the rows, the bucketed tokens
+        per row `T` and rows `A`, and each row's piece of its pending tokens."""
         fresh = sorted(r for r in self._appends if self.lengths[r] == 0)
         rows = fresh or sorted(self._appends)
         limit = MAX_FRESH_TOKENS if fresh else MAX_APPEND_TOKENS
         longest = max(MIN_APPEND_TOKENS, *(len(self._appends[r]) for r in rows))
         T = min(limit, stepped_bucket(longest, FRESH_STEP if fresh else APPEND_STEP))
         A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
-        pieces = [self._appends[r][:T] for r in rows]
+        return fresh, rows, T, A, [self._appends[r][:T] for r in rows]
+
+    def _run_append_pass(self) -> None:
+        """Writes the next pending tokens of a group of rows: the rows that hold nothing yet (a
+        plain causal prefill, up to `MAX_FRESH_TOKENS` each), else every row with an append (up
+        to `MAX_APPEND_TOKENS` each, attending to the row's history)."""
+        fresh, rows, T, A, pieces = self._plan_append_pass()
         rows_A = np.full(A, rows[0], np.int32)  # padding entries repeat a row and write nothing
         rows_A[: len(rows)] = rows
         tokens_AT = np.full((A, T), self.pad_id, np.int32)
@@ -436,13 +441,7 @@ class RowEngine:
 
     def _run_paged_append_pass(self) -> None:
         """`_run_append_pass` on the paged cache: the pass's rows read and write their own pages."""
-        fresh = sorted(r for r in self._appends if self.lengths[r] == 0)
-        rows = fresh or sorted(self._appends)
-        limit = MAX_FRESH_TOKENS if fresh else MAX_APPEND_TOKENS
-        longest = max(MIN_APPEND_TOKENS, *(len(self._appends[r]) for r in rows))
-        T = min(limit, stepped_bucket(longest, FRESH_STEP if fresh else APPEND_STEP))
-        A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
-        pieces = [self._appends[r][:T] for r in rows]
+        fresh, rows, T, A, pieces = self._plan_append_pass()
         rows_A = np.full(A, -1, np.int64)  # padding entries read and write the trash page only
         rows_A[: len(rows)] = rows
         tokens_AT = np.full((A, T), self.pad_id, np.int32)
