@@ -111,10 +111,20 @@ def _run(cmd: list[str], log: Path) -> None:
     print(f"  done in {time.perf_counter() - started:.0f} s", flush=True)
 
 
+def common_flags(args) -> list[str]:
+    """The config flags every run of the study and its initial evaluation share (--config first)."""
+    return [f"--config={args.preset}", f"--config.num_iterations={args.iterations}",
+            f"--config.agent_token_budget={args.agent_token_budget}",
+            f"--config.bootstrap.cache_dir={args.study_dir / 'bootstrap'}", *args.override]
+
+
+def run_flags(args, preset, arm: str, seed: int) -> list[str]:
+    """The config flags of the run (``arm``, ``seed``)."""
+    return [*common_flags(args), f"--config.seed={seed}", *_arm_flags(arm, preset, args)]
+
+
 def run_study(args, preset) -> None:
-    common = [f"--config={args.preset}", f"--config.num_iterations={args.iterations}",  # --config first
-              f"--config.agent_token_budget={args.agent_token_budget}",
-              f"--config.bootstrap.cache_dir={args.study_dir / 'bootstrap'}", *args.override]
+    common = common_flags(args)
     initial = args.study_dir / "initial"
     if not list(initial.glob("evals/initial/*.json")) and preset.eval.suites:
         _run([sys.executable, "-m", "spade_jax.evals", *common, f"--workdir={initial}", "--checkpoint=none"],
@@ -127,8 +137,8 @@ def run_study(args, preset) -> None:
             if len(rows) >= args.iterations or (args.agent_token_budget and tokens >= args.agent_token_budget):
                 print(f"{arm} seed {seed}: finished ({len(rows)} iterations, {tokens} agent tokens)", flush=True)
                 continue
-            _run([sys.executable, "-m", "spade_jax.main", *common, f"--workdir={workdir}", f"--config.seed={seed}",
-                  *_arm_flags(arm, preset, args)], workdir / "log.txt")
+            _run([sys.executable, "-m", "spade_jax.main", *run_flags(args, preset, arm, seed), f"--workdir={workdir}"],
+                 workdir / "log.txt")
 
 
 def _heldout_key(rows: list[dict], sampled: bool = False) -> str | None:

@@ -135,10 +135,8 @@ def run_arms(args, arms) -> argparse.Namespace:
 def run_flags(sargs, arm: str, seed: int) -> list[str]:
     """The config flags learning_study gave run (``arm``, ``seed``), the preset's path absolute."""
     path, sep, arg = sargs.preset.partition(":")
-    return [f"--config={REPO / path}{sep}{arg}", f"--config.num_iterations={sargs.iterations}",
-            f"--config.agent_token_budget={sargs.agent_token_budget}",
-            f"--config.bootstrap.cache_dir={sargs.study_dir / 'bootstrap'}", *sargs.override,
-            f"--config.seed={seed}", *study._arm_flags(arm, study._preset(sargs.preset), sargs)]
+    flags = study.run_flags(sargs, study._preset(sargs.preset), arm, seed)
+    return [f"--config={REPO / path}{sep}{arg}", *flags[1:]]
 
 
 def run_config(sargs, arm: str, seed: int):
