@@ -62,16 +62,24 @@ def mcnemar_p(before: np.ndarray, after: np.ndarray) -> float:
     return min(1.0, 2 * tail)
 
 
-def allocate_plays(wins: dict[str, int], plays: dict[str, int], budget: int, minimum: int) -> dict[str, int]:
-    """Splits `budget` plays over programs in proportion to p(1 - p), p the posterior mean win rate
+def allocate_plays(wins: dict[str, int], plays: dict[str, int], budget: int, minimum: int,
+                   rule: str = "variance") -> dict[str, int]:
+    """Splits `budget` plays over programs by a weight of p, the posterior mean win rate
     (wins + 1) / (plays + 2) of each program's training plays so far, each program getting at
-    least `minimum` (largest remainders round). Group-centred advantages are zero where a group's
-    rewards are all equal, so plays go where a group is likely to hold both wins and losses."""
+    least `minimum` (largest remainders round).
+
+    variance, weight p(1 - p): group-centred advantages are zero where a group's rewards are all
+    equal, so plays go where a group is likely to hold both wins and losses.
+    headroom, weight 1 - p: plays go to what is not yet solved, so a rarely won program keeps
+    enough plays for its groups to hold a win (p(1 - p) starves it as much as a solved one)."""
     names = list(wins)
     if budget < minimum * len(names):
         raise ValueError(f"budget {budget} is below {minimum} plays for each of {len(names)} programs")
     p = np.array([(wins[n] + 1) / (plays[n] + 2) for n in names])
-    weight = p * (1 - p)
+    weights = {"variance": p * (1 - p), "headroom": 1 - p}
+    if rule not in weights:
+        raise ValueError(f"unknown allocation rule {rule!r}: one of {sorted(weights)}")
+    weight = weights[rule]
     share = minimum + (budget - minimum * len(names)) * weight / weight.sum()
     counts = np.floor(share).astype(int)
     for i in np.argsort(-(share - counts), kind="stable")[: budget - counts.sum()]:
@@ -175,7 +183,7 @@ def _arm(setup: Setup, seed: int, lr: float, args) -> dict:
             won = {n: sum(w[n] for w, _ in recent) for n in names}
             tried = {n: sum(t[n] for _, t in recent) for n in names}
             counts = ({n: args.plays for n in names} if args.allocate == "uniform"
-                      else allocate_plays(won, tried, args.plays * len(names), args.min_plays))
+                      else allocate_plays(won, tried, args.plays * len(names), args.min_plays, args.allocate))
             if args.rung == 0:
                 seeds = {n: [fixed[n]] * counts[n] for n in names}
             else:
@@ -282,11 +290,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--updates", type=int, default=None, help="default: 15 (rung 0), 40 (rung 1)")
     parser.add_argument("--plays", type=int, default=16, help="plays per program per update (on average)")
-    parser.add_argument("--allocate", choices=("uniform", "variance"), default="uniform",
-                        help="uniform: --plays per program; variance: the same total split by allocate_plays")
-    parser.add_argument("--min_plays", type=int, default=4, help="fewest plays of a program per update (variance)")
+    parser.add_argument("--allocate", choices=("uniform", "variance", "headroom"), default="uniform",
+                        help="uniform: --plays per program; variance, headroom: the same total split by "
+                             "allocate_plays with that rule")
+    parser.add_argument("--min_plays", type=int, default=4, help="fewest plays of a program per update (variance, headroom)")
     parser.add_argument("--window", type=int, default=0,
-                        help="variance: the win rates come from the last N updates' plays (0: all so far)")
+                        help="variance, headroom: the win rates come from the last N updates' plays (0: all so far)")
     parser.add_argument("--eval_plays", type=int, default=32, help="evaluation plays per program")
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's rl.lr")
     parser.add_argument("--block", type=int, default=10, help="updates per block mean (rung 1)")

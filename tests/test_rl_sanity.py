@@ -33,3 +33,13 @@ def test_allocate_plays_follows_the_posterior_variance(rl_sanity):
     assert rl_sanity.allocate_plays({"a": 0, "b": 0}, {"a": 0, "b": 0}, 10, 2) == {"a": 5, "b": 5}
     with pytest.raises(ValueError, match="below 4 plays"):
         rl_sanity.allocate_plays({"a": 0, "b": 0}, {"a": 0, "b": 0}, 7, 4)
+
+
+def test_allocate_plays_by_headroom_keeps_rare_wins_fed(rl_sanity):
+    # p = 1/18, 2/18, 17/18: weights 1 - p = 17, 16, 1 (/18); 36 plays beyond the minimum give
+    # shares 22, 20.94, 5.06; the play left by flooring goes to b. The solved program c drops to
+    # near the minimum and the rarely won a gets the most, where variance gives a and c the same.
+    counts = rl_sanity.allocate_plays({"a": 0, "b": 1, "c": 16}, {"a": 16, "b": 16, "c": 16}, 48, 4, "headroom")
+    assert counts == {"a": 22, "b": 21, "c": 5}
+    with pytest.raises(ValueError, match="unknown allocation rule"):
+        rl_sanity.allocate_plays({"a": 0}, {"a": 0}, 4, 4, "greedy")
