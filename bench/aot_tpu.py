@@ -348,12 +348,15 @@ class Programs:
         else:
             shardings, cache = engine._cache_shardings(plan.cache_length), self._cache(engine)
         args = placed_like_inputs(host, self.mesh, self.rules)
-        return jax.jit(
-            engine_lib._decode, static_argnames=("graphdef", "num_steps", "truncate", "attention", "mesh", "rules"),
-            donate_argnums=(1,), out_shardings=(self.replicated, shardings),
-        ).lower(engine._state, cache, *(args.get(n) for n in engine_lib._DECODE_INPUTS),
-                graphdef=engine._graphdef, num_steps=engine.num_steps, truncate=plan.truncate,
-                attention=engine.paged_attention, mesh=self.mesh, rules=self.rules)
+        # Mosaic asks the current device which TPU it lowers for; on this CPU host that is the
+        # mesh's abstract device (a TPU of the topology), not the default CPU device.
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+            return jax.jit(
+                engine_lib._decode, static_argnames=("graphdef", "num_steps", "truncate", "attention", "mesh", "rules"),
+                donate_argnums=(1,), out_shardings=(self.replicated, shardings),
+            ).lower(engine._state, cache, *(args.get(n) for n in engine_lib._DECODE_INPUTS),
+                    graphdef=engine._graphdef, num_steps=engine.num_steps, truncate=plan.truncate,
+                    attention=engine.paged_attention, mesh=self.mesh, rules=self.rules)
 
     def lower_append(self, fresh: bool):
         """`RowEngine._run_append_pass`'s program over every row: fresh = a prefill into empty rows."""

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spade_jax.models.sharding import TRAIN_RULES, activation_sharding, make_mesh
 from spade_jax.sampling import paged_attention as pa
 from spade_jax.sampling.engine import MAX_APPEND_TOKENS, RowEngine, generate_on_rows
 from spade_jax.sampling.paged_cache import PageTable
@@ -198,6 +199,32 @@ def test_kernel_in_interpret_mode_equals_the_xla_path(dtype, atol):
         cu_q_lens, jnp.asarray([B], jnp.int32), sm_scale=H ** -0.5)
     np.testing.assert_allclose(real(kernel_BTNH), real(xla_BTNH), atol=atol, rtol=0)
     np.testing.assert_allclose(real(kernel_BTNH), np.asarray(ref_QNH, np.float32), atol=atol, rtol=0)
+
+
+def test_kernel_under_a_mesh_runs_in_shard_map_and_equals_the_xla_path():
+    """Mosaic kernels are not partitioned automatically: under a 4-device mesh (rows over data,
+    heads over tensor) the kernel runs inside `shard_map`, each device on its own rows and heads
+    with its copy of the pool, and equals the unsharded XLA path."""
+    pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
+    q_BTNH, kv_PSCH, table_BM, kv_lens_B, q_lens = (x[:4] if i != 1 else x for i, x in enumerate(_ragged_case()))
+    mesh = make_mesh((2, 1, 2), jax.devices()[:4])
+
+    def kernel(q, pool, table, ends):
+        with activation_sharding(mesh, TRAIN_RULES):
+            return pa.paged_attention(q, pool, table, ends, implementation="kernel", interpret=True)
+
+    try:
+        with patched_tpu_interpreter():
+            kernel_BTNH = jax.jit(kernel)(q_BTNH, kv_PSCH, table_BM, kv_lens_B)
+    except ShimUnavailable as error:
+        pytest.skip(f"pallas_interpret_shim cannot attach: {error}")
+    xla_BTNH = pa.paged_attention(q_BTNH, kv_PSCH, table_BM, kv_lens_B, implementation="xla")
+    T = q_BTNH.shape[1]
+    for b, n in enumerate(q_lens):
+        np.testing.assert_allclose(np.asarray(kernel_BTNH[b, T - n:]), np.asarray(xla_BTNH[b, T - n:]), atol=1e-5)
+    with activation_sharding(mesh, (("batch", ("data",)), ("heads", ("tensor",)), ("kv_heads", ()))):
+        with pytest.raises(ValueError, match="query heads split over"):
+            jax.eval_shape(lambda: pa.paged_attention(q_BTNH, kv_PSCH, table_BM, kv_lens_B, implementation="kernel"))
 
 
 def test_implementation_choice():

@@ -21,12 +21,15 @@ at it and writes that belong nowhere go to it, so it is never read unmasked.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
 
+from spade_jax.models.sharding import active_sharding, logical_to_spec
 from spade_jax.models.transformer import attention
 
 try:
@@ -133,6 +136,27 @@ def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str 
 
 
 def _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):
+    """The kernel over every row; under a multi-device `activation_sharding`, inside `shard_map`
+    (Mosaic kernels are not partitioned automatically): rows split like the batch, heads like the
+    model's, each device reading its own rows' pages from its copy of the pool's page axis."""
+    active = active_sharding()
+    if active is None or active[0].size == 1:
+        return _local_kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, interpret=interpret)
+    mesh, rules = active
+    q_spec = logical_to_spec(("batch", None, "heads", None), q_BTNH.shape, mesh, rules)
+    pool_spec = logical_to_spec(pool_axes(kv_pages_PSCH), kv_pages_PSCH.shape, mesh, rules)
+    if pool_spec[0] is not None or pool_spec[1] is not None or pool_spec[3] is not None or q_spec[3] is not None:
+        raise ValueError(f"paged attention kernel: pool sharded {pool_spec}, queries {q_spec}; only heads may be split")
+    if q_spec[2] != pool_spec[2]:  # each device must hold the kv heads of its query heads
+        raise ValueError(f"paged attention kernel: query heads split over {q_spec[2]} but kv heads over "
+                         f"{pool_spec[2]}; choose a tensor axis that divides both")
+    rows_spec = PartitionSpec(q_spec[0])
+    local = functools.partial(_local_kernel_attention, interpret=interpret)
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, pool_spec, PartitionSpec(q_spec[0], None), rows_spec),
+                         out_specs=q_spec, check_vma=False)(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B)
+
+
+def _local_kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):
     B, T, N, H = q_BTNH.shape
     cu_q_lens_B1 = jnp.arange(B + 1, dtype=jnp.int32) * T
     blocks = {}
