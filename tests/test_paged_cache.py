@@ -11,7 +11,7 @@ import pytest
 from spade_jax.models.sharding import TRAIN_RULES, activation_sharding, make_mesh
 from spade_jax.sampling import paged_attention as pa
 from spade_jax.sampling.engine import MAX_APPEND_TOKENS, RowEngine, generate_on_rows
-from spade_jax.sampling.paged_cache import PageTable
+from spade_jax.sampling.paged_cache import PageTable, grow_pool
 from pallas_interpret_shim import ShimUnavailable, patched_tpu_interpreter
 from test_rollout_engine import STOP, _check_against_full_forward, _policy, _run
 
@@ -74,6 +74,40 @@ def test_page_table_hands_out_frees_and_reuses_pages():
     table.reserve(0, 3)
     assert table.pages[0] == [6] and table.free_pages == 1
     np.testing.assert_array_equal(table.table([2, -1, 1], 4), [[1, 2, 0, 0], [0, 0, 0, 0], [3, 4, 5, 0]])
+
+
+def test_page_table_keeps_each_shards_pages_in_its_own_block():
+    """Two shards of 3 pages (local 0 each one's trash page), rows 0-1 on shard 0 and 2-3 on
+    shard 1: a row takes local pages of its shard only, a full shard grows every block alike."""
+    table = PageTable(rows=4, page_size=4, num_pages=6, shards=2)
+    assert [table.home(r) for r in range(4)] == [0, 0, 1, 1] and table.free_S().tolist() == [2, 2]
+    table.reserve(0, 5)
+    table.reserve(2, 4)
+    assert table.pages == [[1, 2], [], [1], []] and table.free_S().tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="needs 1 pages, 0 are free on its shard"):
+        table.reserve(1, 1)  # shard 1's free page is not shard 0's
+    assert table.grown_size([1, 0]) == 10 and table.grown_size([0, 1]) == 6  # 3 -> 5 pages a block
+    table.grow_to(10)
+    assert table.pages_per_shard == 5 and table.free_S().tolist() == [2, 3]
+    table.reserve(1, 1)
+    table.reserve(3, 12)
+    assert table.pages == [[1, 2], [3], [1], [2, 3, 4]] and table.free_S().tolist() == [1, 0]
+    table.release(0)
+    table.reserve(1, 8)
+    assert table.pages[1] == [3, 1] and table.free_S().tolist() == [2, 0] and table.free_pages == 2
+    np.testing.assert_array_equal(table.table([3, -1, 1, 2], 3), [[2, 3, 4], [0, 0, 0], [3, 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(table.batch([1, 2, 3], 2), [1, -1, 2, 3])
+    np.testing.assert_array_equal(table.batch([3], 1), [-1, 3])
+    assert table.rows_per_segment([1, 2, 3]) == 2 and table.rows_per_segment([0, 1]) == 2
+    with pytest.raises(ValueError, match="split evenly"):
+        PageTable(rows=3, page_size=4, num_pages=6, shards=2)
+
+
+def test_grow_pool_grows_every_shards_block_in_place():
+    pool_P1 = jnp.arange(6, dtype=jnp.float32)[:, None]  # page p holds p
+    grown_P1 = grow_pool((pool_P1, pool_P1 + 10), num_pages=10, shards=2)
+    np.testing.assert_array_equal(grown_P1[0][:, 0], [0, 1, 2, 0, 0, 3, 4, 5, 0, 0])
+    np.testing.assert_array_equal(grown_P1[1][:5, 0], [10, 11, 12, 0, 0])
 
 
 def test_rows_grow_across_pages_and_released_pages_are_reused():

@@ -1,10 +1,13 @@
 """The rollout engine's paged KV cache: a page pool per layer, pages handed to rows as they grow.
 
-`PageTable` is the host side: which pages each row holds, the free list, and the
-`(rows, pages)` table a program reads. A row takes pages as its conversation grows and
-gives them all back when it is released; page 0 is never handed out (the trash page of
-`paged_attention`). When the free list runs dry the pool grows by whole pages (`grow_to`),
-never by resizing rows.
+`PageTable` is the host side: which pages each row holds, a free list per shard, and the
+`(rows, pages)` table a program reads. The pool's pages form `shards` equal blocks, row r
+taking pages of block `r // (rows / shards)` (its home shard, where a batch of `rows` rows
+split over the batch axes puts it) by LOCAL index within the block. A row takes pages as its
+conversation grows and gives them all back when it is released; local page 0 of a block is
+never handed out (the trash page of `paged_attention`). When a shard's free list runs dry the
+pool grows by whole pages, every block alike (`grow_to`, `grow_pool`: local indices stay
+valid), never by resizing rows.
 
 `forward_pages` is the device side: a layer stack over some rows that writes the new
 tokens' keys/values into the rows' pages (only the new slots) and attends through the page
@@ -40,43 +43,86 @@ def pages_for(slots: int, page_size: int) -> int:
 
 
 class PageTable:
-    """Pages of a pool of `num_pages` (page 0 reserved) handed to `rows` rows."""
+    """Pages of a pool of `num_pages` (`shards` blocks, local page 0 of each reserved) handed to
+    `rows` rows, row r from block `r // (rows / shards)`."""
 
-    def __init__(self, rows: int, page_size: int, num_pages: int):
-        if page_size < 1 or num_pages < 1:
-            raise ValueError(f"page_size and num_pages must be >= 1, got {page_size}, {num_pages}")
+    def __init__(self, rows: int, page_size: int, num_pages: int, shards: int = 1):
+        if page_size < 1 or num_pages < shards or shards < 1:
+            raise ValueError(f"page_size and num_pages / shards must be >= 1, got {page_size}, {num_pages} / {shards}")
+        if rows % shards or num_pages % shards:
+            raise ValueError(f"{rows} rows and {num_pages} pages must split evenly over {shards} shards")
         self.page_size = page_size
-        self.num_pages = num_pages
+        self.shards = shards
+        self.rows_per_shard = rows // shards
+        self.pages_per_shard = num_pages // shards
         self.pages: list[list[int]] = [[] for _ in range(rows)]
-        self._free = list(range(num_pages - 1, TRASH_PAGE, -1))  # popped from the end: lowest first
+        self._free = [list(range(self.pages_per_shard - 1, TRASH_PAGE, -1)) for _ in range(shards)]  # lowest last
+
+    @property
+    def num_pages(self) -> int:
+        return self.shards * self.pages_per_shard
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return sum(map(len, self._free))
+
+    def free_S(self) -> np.ndarray:
+        """Free pages per shard."""
+        return np.asarray(list(map(len, self._free)))
+
+    def home(self, row: int) -> int:
+        """The shard that holds the row (and its pages)."""
+        return row // self.rows_per_shard
 
     def missing(self, row: int, slots: int) -> int:
         """Pages `row` still needs to hold `slots` slots."""
         return max(0, pages_for(slots, self.page_size) - len(self.pages[row]))
 
     def reserve(self, row: int, slots: int) -> None:
-        """Gives `row` pages until it holds `slots` slots; the caller grew the pool if needed."""
-        need = self.missing(row, slots)
-        if need > len(self._free):
-            raise RuntimeError(f"row {row} needs {need} pages, {len(self._free)} are free")
-        self.pages[row] += [self._free.pop() for _ in range(need)]
+        """Gives `row` pages of its shard until it holds `slots` slots; the caller grew the pool if needed."""
+        need, free = self.missing(row, slots), self._free[self.home(row)]
+        if need > len(free):
+            raise RuntimeError(f"row {row} needs {need} pages, {len(free)} are free on its shard")
+        self.pages[row] += [free.pop() for _ in range(need)]
 
     def release(self, row: int) -> None:
-        """Returns the row's pages to the free list."""
-        self._free += reversed(self.pages[row])
+        """Returns the row's pages to its shard's free list."""
+        self._free[self.home(row)] += reversed(self.pages[row])
         self.pages[row] = []
 
+    def grown_size(self, missing_S) -> int:
+        """The pool's pages once every shard can hand out `missing_S[s]` more pages: each block
+        doubled (past its trash page) until it can; the current size when it already can."""
+        per_shard, free_S = self.pages_per_shard, self.free_S()
+        while (per_shard - self.pages_per_shard + free_S < np.asarray(missing_S)).any():
+            per_shard = 1 + 2 * (per_shard - 1)
+        return self.shards * per_shard
+
     def grow_to(self, num_pages: int) -> None:
-        """The pool now has `num_pages` pages: the new ones are free."""
-        self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
-        self.num_pages = num_pages
+        """The pool now has `num_pages` pages, each shard's block grown alike: the new ones are free."""
+        if num_pages % self.shards:
+            raise ValueError(f"{num_pages} pages do not split over {self.shards} shards")
+        per_shard = num_pages // self.shards
+        self._free = [list(range(per_shard - 1, self.pages_per_shard - 1, -1)) + free for free in self._free]
+        self.pages_per_shard = per_shard
+
+    def batch(self, rows, per_shard: int) -> np.ndarray:
+        """`rows` laid out in a batch of `shards * per_shard` entries, each in its shard's segment
+        (in the given order), -1 padding the rest: the batch's rows sit where their pages are."""
+        rows_SB = np.full((self.shards, per_shard), -1, np.int64)
+        filled_S = np.zeros(self.shards, np.int64)
+        for row in rows:
+            shard = self.home(row)
+            rows_SB[shard, filled_S[shard]] = row
+            filled_S[shard] += 1
+        return rows_SB.reshape(-1)
+
+    def rows_per_segment(self, rows) -> int:
+        """The most of `rows` any one shard holds: the segment a batch of them needs."""
+        return int(np.bincount([self.home(r) for r in rows], minlength=self.shards).max()) if len(rows) else 0
 
     def table(self, rows, width: int) -> np.ndarray:
-        """int32 `(len(rows), width)`: each row's pages, then the trash page (a row index < 0: all trash)."""
+        """int32 `(len(rows), width)`: each row's local pages, then the trash page (a row index < 0: all trash)."""
         table = np.full((len(rows), width), TRASH_PAGE, np.int32)
         for i, row in enumerate(rows):
             if row >= 0:
@@ -91,9 +137,15 @@ def init_pools(config, num_pages: int, page_size: int, implementation: str):
                       implementation) for _ in range(config.num_layers)]
 
 
-def grow_pool(pool, *, num_pages: int):
-    """One layer's pool with `num_pages` pages: the old ones, then zeros."""
-    return jax.tree.map(lambda x: jnp.pad(x, [(0, num_pages - x.shape[0])] + [(0, 0)] * (x.ndim - 1)), pool)
+def grow_pool(pool, *, num_pages: int, shards: int = 1):
+    """One layer's pool with `num_pages` pages: each of the `shards` blocks its old pages, then zeros
+    (a page keeps its local index)."""
+    def grow(x_P_):
+        x_SP_ = x_P_.reshape(shards, -1, *x_P_.shape[1:])
+        pad = [(0, 0), (0, num_pages // shards - x_SP_.shape[1])] + [(0, 0)] * (x_P_.ndim - 1)
+        return jnp.pad(x_SP_, pad).reshape(num_pages, *x_P_.shape[1:])
+
+    return jax.tree.map(grow, pool)
 
 
 def _each_array(fn, pool):
