@@ -1,5 +1,6 @@
 """The rollout engine's paged KV cache: the same replies as the contiguous cache, pages handed
-out, freed and reused, compaction, and the paged attention paths against each other."""
+out, freed and reused (per batch shard, each shard's block of the pool on its own devices),
+compaction, and the paged attention paths against each other."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spade_jax.models import random_policy
 from spade_jax.models.sharding import TRAIN_RULES, activation_sharding, make_mesh
 from spade_jax.sampling import paged_attention as pa
 from spade_jax.sampling.engine import MAX_APPEND_TOKENS, RowEngine, generate_on_rows
 from spade_jax.sampling.paged_cache import PageTable, grow_pool
 from pallas_interpret_shim import ShimUnavailable, patched_tpu_interpreter
-from test_rollout_engine import STOP, _check_against_full_forward, _policy, _run
+from test_rollout_engine import SMALL, STOP, _check_against_full_forward, _policy, _run
 
 
 def _turns(policy, kv_cache: str, *, page_size: int = 16, temperature: float = 0.0, **kwargs):
@@ -108,6 +110,48 @@ def test_grow_pool_grows_every_shards_block_in_place():
     grown_P1 = grow_pool((pool_P1, pool_P1 + 10), num_pages=10, shards=2)
     np.testing.assert_array_equal(grown_P1[0][:, 0], [0, 1, 2, 0, 0, 3, 4, 5, 0, 0])
     np.testing.assert_array_equal(grown_P1[1][:5, 0], [10, 11, 12, 0, 0])
+
+
+def _shard_turns(policy, kv_cache: str):
+    """Two turns on eight rows, replies of 1 to 16 tokens, a third of the rows idle in turn 2 and
+    appends longer than a pass onto the others' histories (the pool grows): every reply, in order
+    of finishing."""
+    rng = np.random.default_rng(4)
+    engine = RowEngine(policy, 8, max_new_tokens=16, temperature=0.0, stop_token_ids=[STOP], kv_cache=kv_cache,
+                       page_size=16, cache_tokens=8 * 16)
+    conversations = [rng.integers(4, 128, n).tolist() for n in (3, 90, 17, 30, 150, 41, 9, 70)]
+    replies = []
+    for turn in range(2):
+        for row, tokens in enumerate(conversations):
+            if turn == 0 or row % 3:
+                engine.submit(row, tokens, stream=row, turn=turn, limit=1 + (5 * row + 3 * turn) % 16)
+        done = _run(engine, exit_after=2)
+        for row in sorted(done):
+            replies.append((list(conversations[row]), done[row]))
+            conversations[row] = conversations[row] + done[row].tokens.tolist() + rng.integers(4, 128, 150).tolist()
+    return engine, replies
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 2), (2, 1, 4)])
+def test_paged_engine_on_batch_shards_keeps_each_shards_pages_on_its_devices(shape):
+    """On an 8-device mesh with several batch shards (on (2, 1, 4) the query heads split over tensor
+    but the 2 kv heads do not: the XLA path keeps heads whole per shard) the paged engine gives the
+    contiguous engine's replies, and every pool array splits its page axis over the batch axes:
+    a device holds `pages_per_shard` pages, its rows' shard's block, not the whole pool."""
+    policy = random_policy(SMALL, None, seed=7, mesh=make_mesh(shape))
+    _, contiguous = _shard_turns(policy, "contiguous")
+    engine, paged = _shard_turns(policy, "paged")
+    _same_replies(contiguous, paged)
+    pages = engine._pages
+    assert pages.shards == shape[0] and engine.stats.compiled["grow_pool"] >= 1
+    for row, held in enumerate(pages.pages):
+        assert 0 not in held and max(held) < pages.pages_per_shard and pages.home(row) == row // (8 // shape[0])
+    for x in jax.tree.leaves(engine._cache):
+        assert x.shape[0] == pages.num_pages and x.sharding.spec[0] == "data"
+        assert {shard.data.shape[0] for shard in x.addressable_shards} == {pages.pages_per_shard}
+        assert {shard.index[0].start for shard in x.addressable_shards} == set(
+            range(0, pages.num_pages, pages.pages_per_shard))
+    engine.close()
 
 
 def test_rows_grow_across_pages_and_released_pages_are_reused():
@@ -259,6 +303,45 @@ def test_kernel_under_a_mesh_runs_in_shard_map_and_equals_the_xla_path():
     with activation_sharding(mesh, (("batch", ("data",)), ("heads", ("tensor",)), ("kv_heads", ()))):
         with pytest.raises(ValueError, match="query heads split over"):
             jax.eval_shape(lambda: pa.paged_attention(q_BTNH, kv_PSCH, table_BM, kv_lens_B, implementation="kernel"))
+
+
+def _per_shard_case(shards: int):
+    """`_ragged_case`'s first four rows with the pool cut into `shards` blocks, each its own trash
+    page and the pages of its rows (row b on shard b // (4 / shards)), and tables of local indices."""
+    q_BTNH, kv_PSCH, table_BM, kv_lens_B, q_lens = _ragged_case()
+    q_BTNH, table_BM, kv_lens_B, q_lens = q_BTNH[:4], np.asarray(table_BM[:4]), kv_lens_B[:4], q_lens[:4]
+    per_shard = 4 // shards
+    blocks, local_BM = [], np.zeros_like(table_BM)
+    for s in range(shards):
+        rows = table_BM[s * per_shard:(s + 1) * per_shard]
+        blocks.append(jnp.concatenate([kv_PSCH[:1], kv_PSCH[rows.reshape(-1)]]))
+        local_BM[s * per_shard:(s + 1) * per_shard] = 1 + np.arange(rows.size).reshape(rows.shape)
+    return q_BTNH, jnp.concatenate(blocks), jnp.asarray(local_BM), kv_lens_B, q_lens, (kv_PSCH, jnp.asarray(table_BM))
+
+
+@pytest.mark.parametrize("implementation", ["xla", "kernel"])
+def test_paged_attention_on_a_per_shard_pool_equals_the_whole_pool(implementation):
+    """Under a (2, 1, 2) mesh a pool of two 9-page blocks (pages split over data like the rows),
+    read through local page indices, gives what the whole pool gives through global ones."""
+    if implementation == "kernel":
+        pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
+    q_BTNH, pool_PSCH, local_BM, kv_lens_B, q_lens, (whole_PSCH, global_BM) = _per_shard_case(2)
+    mesh = make_mesh((2, 1, 2), jax.devices()[:4])
+
+    def split(q, pool, table, ends):
+        with activation_sharding(mesh, TRAIN_RULES):
+            assert pa.pool_axes(pool)[0] == "batch" and pa._pages_split(pool, table)
+            return pa.paged_attention(q, pool, table, ends, implementation=implementation, interpret=True)
+
+    try:
+        with patched_tpu_interpreter():
+            split_BTNH = jax.jit(split)(q_BTNH, pool_PSCH, local_BM, kv_lens_B)
+    except ShimUnavailable as error:
+        pytest.skip(f"pallas_interpret_shim cannot attach: {error}")
+    whole_BTNH = pa.paged_attention(q_BTNH, whole_PSCH, global_BM, kv_lens_B, implementation="xla")
+    T = q_BTNH.shape[1]
+    for b, n in enumerate(q_lens):
+        np.testing.assert_allclose(np.asarray(split_BTNH[b, T - n:]), np.asarray(whole_BTNH[b, T - n:]), atol=1e-5)
 
 
 def test_implementation_choice():

@@ -27,10 +27,12 @@ With `kv_cache="paged"` (`sampling/paged_cache.py`) the cache is a pool of fixed
 per layer instead: a row takes pages as it grows and returns them when released, the pool
 grows by whole pages (doubling) and never resizes rows, a program reads each row through its
 page table (padded to `cache_bucket`'s steps, in pages), and appends and decode steps write
-only the new slots. Its decode chunks run on the active rows alone, gathered into a
-power-of-two bucket (few buckets: each is one more decode program per cache bucket), and a
-chunk ends early once its active rows fit half its bucket, so rows that finished their reply
-stop costing compute (compaction).
+only the new slots. Under a mesh each batch shard holds its own rows' pages (a block of the
+pool's page axis), so every paged program's batch puts each row in its shard's segment. Its
+decode chunks run on the active rows alone, gathered into a power-of-two bucket per shard (few
+buckets: each is one more decode program per cache bucket), and a chunk ends early once every
+shard's active rows fit half its segment, so rows that finished their reply stop costing
+compute (compaction).
 
 Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
 episode index) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`, so sampled
@@ -177,8 +179,9 @@ class RowEngine:
         self._cache = None  # contiguous: per-layer (k_BKHS, v_BKSH); paged: per-layer pools
         self._pages = None
         if kv_cache == "paged":
+            shards = batch_shards(policy.mesh, policy.rules)
             initial = pages_for(cache_tokens, page_size) if cache_tokens else R * pages_for(MIN_CACHE_BUCKET, page_size)
-            self._pages = PageTable(R, page_size, 1 + initial)
+            self._pages = PageTable(R, page_size, shards * (1 + -(-initial // shards)), shards)
         self._graphdef, self._state = nnx.split(policy.model)
         params = tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(self._state))
         layout = (page_size, self.paged_attention) if kv_cache == "paged" else None
@@ -297,20 +300,20 @@ class RowEngine:
 
     def _plan_append_pass(self):
         """The next append pass: whether its rows are empty (`fresh`), the rows, the bucketed tokens
-        per row `T` and rows `A`, and each row's piece of its pending tokens."""
+        per row `T`, and each row's piece of its pending tokens."""
         fresh = sorted(r for r in self._appends if self.lengths[r] == 0)
         rows = fresh or sorted(self._appends)
         limit = MAX_FRESH_TOKENS if fresh else MAX_APPEND_TOKENS
         longest = max(MIN_APPEND_TOKENS, *(len(self._appends[r]) for r in rows))
         T = min(limit, stepped_bucket(longest, FRESH_STEP if fresh else APPEND_STEP))
-        A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
-        return fresh, rows, T, A, [self._appends[r][:T] for r in rows]
+        return fresh, rows, T, [self._appends[r][:T] for r in rows]
 
     def _run_append_pass(self) -> None:
         """Writes the next pending tokens of a group of rows: the rows that hold nothing yet (a
         plain causal prefill, up to `MAX_FRESH_TOKENS` each), else every row with an append (up
         to `MAX_APPEND_TOKENS` each, attending to the row's history)."""
-        fresh, rows, T, A, pieces = self._plan_append_pass()
+        fresh, rows, T, pieces = self._plan_append_pass()
+        A = min(self.rows, stepped_bucket(len(rows), ROWS_STEP, batch_shards(self.policy.mesh, self.policy.rules)))
         rows_A = np.full(A, rows[0], np.int32)  # padding entries repeat a row and write nothing
         rows_A[: len(rows)] = rows
         tokens_AT = np.full((A, T), self.pad_id, np.int32)
@@ -394,20 +397,20 @@ class RowEngine:
 
     def _reserve_pages(self, need: np.ndarray) -> None:
         """Hands every active row the pages its appends and reply can fill (`need` slots), growing
-        the pool (doubling it, at least) when the free pages do not suffice."""
+        the pool (doubling every shard's block, at least) when a shard's free pages do not suffice."""
         pages, active = self._pages, np.flatnonzero(self.active)
-        missing = sum(pages.missing(r, need[r]) for r in active)
-        if self._cache is None or missing > pages.free_pages:
-            self._fit_pool(missing)
+        missing_S = np.zeros(pages.shards, np.int64)
+        for r in active:
+            missing_S[pages.home(r)] += pages.missing(r, need[r])
+        if self._cache is None or (missing_S > pages.free_S()).any():
+            self._fit_pool(pages.grown_size(missing_S))
         for r in active:
             pages.reserve(r, int(need[r]))
 
-    def _fit_pool(self, missing: int) -> None:
+    def _fit_pool(self, num: int) -> None:
+        """Makes the pool `num` pages (at first: a zeroed one), every shard's block grown alike."""
         pages, cfg = self._pages, self.policy.config
         if self._cache is None:
-            num = pages.num_pages
-            while num - pages.num_pages + pages.free_pages < missing:
-                num = 1 + 2 * (num - 1)
             pages.grow_to(num)
             self._cache = self._program("init_pool", (num,), lambda: jax.jit(
                 init_pools, static_argnames=("config", "num_pages", "page_size", "implementation"),
@@ -415,12 +418,9 @@ class RowEngine:
             ).lower(config=cfg, num_pages=num, page_size=pages.page_size, implementation=self.paged_attention))()
             self.stats.pool_pages = max(self.stats.pool_pages, num)
             return
-        num = pages.num_pages
-        while num - pages.num_pages + pages.free_pages < missing:
-            num = 1 + 2 * (num - 1)
         grow = self._program("grow_pool", (pages.num_pages, num), lambda: jax.jit(
-            grow_pool, static_argnames=("num_pages",), out_shardings=self._pool_shardings(num)[0],
-        ).lower(self._cache[0], num_pages=num))
+            grow_pool, static_argnames=("num_pages", "shards"), out_shardings=self._pool_shardings(num)[0],
+        ).lower(self._cache[0], num_pages=num, shards=pages.shards))
         start = time.perf_counter()
         grown = []
         for pool in self._cache:  # one layer at a time: the old and new pools are never both whole
@@ -440,18 +440,25 @@ class RowEngine:
         return width
 
     def _run_paged_append_pass(self) -> None:
-        """`_run_append_pass` on the paged cache: the pass's rows read and write their own pages."""
-        fresh, rows, T, A, pieces = self._plan_append_pass()
-        rows_A = np.full(A, -1, np.int64)  # padding entries read and write the trash page only
-        rows_A[: len(rows)] = rows
+        """`_run_append_pass` on the paged cache: the pass's rows, each in its shard's segment,
+        read and write their own pages."""
+        fresh, rows, T, pieces = self._plan_append_pass()
+        pages = self._pages
+        per_shard = min(pages.rows_per_shard, stepped_bucket(pages.rows_per_segment(rows), ROWS_STEP))
+        rows_A = pages.batch(rows, per_shard)  # padding entries read and write the trash page only
+        A = len(rows_A)
+        piece_of = dict(zip(rows, pieces))
         tokens_AT = np.full((A, T), self.pad_id, np.int32)
         lengths_A = np.zeros(A, np.int32)
         starts_A = np.zeros(A, np.int32)
-        for i, (row, piece) in enumerate(zip(rows, pieces)):
+        for i, row in enumerate(rows_A):
+            if row < 0:
+                continue
+            piece = piece_of[row]
             tokens_AT[i, : len(piece)] = piece
             lengths_A[i] = len(piece)
             starts_A[i] = self.lengths[row]
-            if self._pages.missing(row, starts_A[i] + len(piece)):
+            if pages.missing(row, starts_A[i] + len(piece)):
                 raise AssertionError("an append pass would write past a row's pages; too few were reserved")
         M = self._table_width(int((starts_A + T).max()))
         host = {"tokens_AT": tokens_AT, "starts_A": starts_A, "lengths_A": lengths_A,
@@ -469,24 +476,25 @@ class RowEngine:
     def _run_paged_decode(self, exit_after: int) -> list[Reply]:
         """Decode chunks over the active rows only, gathered into a bucket of rows (compaction).
 
-        A chunk also ends once its active rows fit a bucket half its size; the next chunk then
-        runs on the smaller bucket, until `exit_after` replies finished (or none is active).
+        Each row sits in its shard's segment of the batch (a bucket per shard). A chunk also ends
+        once every shard's active rows fit a segment half its size; the next chunk then runs on the
+        smaller bucket, until `exit_after` replies finished (or none is active).
         A token's key does not depend on the batch, so this changes no reply."""
-        shards = batch_shards(self.policy.mesh, self.policy.rules)
-        fit = lambda n: min(self.rows, bucket(n, 1, shards))  # noqa: E731
+        pages = self._pages
+        fit = lambda n: min(pages.rows_per_shard, bucket(n, 1))  # noqa: E731  (rows per shard's segment)
         replies = []
         while len(replies) < exit_after and self.active.any():
             rows = np.flatnonzero(self.active)
-            B = fit(len(rows))
-            shrink_at = min(B // 2, len(rows) - 1)
-            while shrink_at > 0 and fit(shrink_at) > B // 2:
+            busiest = pages.rows_per_segment(rows)
+            per_shard = fit(busiest)
+            shrink_at = min(per_shard // 2, busiest - 1)
+            while shrink_at > 0 and fit(shrink_at) > per_shard // 2:
                 shrink_at -= 1
-            rows_B = np.full(B, -1, np.int64)
-            rows_B[: len(rows)] = rows
+            rows_B = pages.batch(rows, per_shard)
             real_B = rows_B >= 0
             pick = lambda x, fill: np.where(real_B, x[np.maximum(rows_B, 0)], fill).astype(x.dtype)  # noqa: E731
             need_B = pick(self.lengths + self.limit - self.reply_len, 0)
-            if any(self._pages.missing(r, n) for r, n in zip(rows, need_B)):
+            if any(pages.missing(r, n) for r, n in zip(rows_B, need_B) if r >= 0):
                 raise AssertionError("a decode chunk could write past a row's pages; too few were reserved")
             M = self._table_width(int(need_B.max()) + 1)  # + the slot a row that finished writes while idle
             host = {
@@ -498,7 +506,7 @@ class RowEngine:
                 "shrink_at": np.asarray(shrink_at, np.int32),
             }
             P = self._pages.num_pages
-            replies += self._run_chunk("decode_paged", (B, M, P), rows_B, host, self._pool_shardings(P))
+            replies += self._run_chunk("decode_paged", (len(rows_B), M, P), rows_B, host, self._pool_shardings(P))
         return sorted(replies, key=lambda reply: reply.row)
 
     def _pool_shardings(self, num_pages: int):
@@ -595,7 +603,7 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
             seed, temperature, top_p, top_k, pad_id, exit_after, shrink_at, *, graphdef, num_steps, truncate,
             attention, mesh, rules):
     """Decodes every active row until `exit_after` replies finished, at most `shrink_at` rows are
-    active (0: none), or `num_steps` steps.
+    active (0: none; with `page_table_BM`, in every batch shard's segment), or `num_steps` steps.
 
     Each iteration feeds every row's pending token at its next slot (idle rows write a slot
     past their real ones, overwritten later or never read), samples the next token of the
@@ -613,8 +621,11 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
         fold = jax.random.fold_in
         return jax.vmap(lambda s, t, i: fold(fold(fold(base_key, s), t), i))(stream_B, turn_B, reply_len_B)
 
+    segments = batch_shards(mesh, rules) if page_table_BM is not None else 1
+
     def cond(c: _Chunk):
-        return (c.step < num_steps) & (jnp.sum(c.active_B) > shrink_at) & (jnp.sum(c.finished_B) < exit_after)
+        busiest = jnp.max(jnp.sum(c.active_B.reshape(segments, -1), axis=1))
+        return (c.step < num_steps) & (busiest > shrink_at) & (jnp.sum(c.finished_B) < exit_after)
 
     gathered = page_table_BM is not None and attention == "xla"
 

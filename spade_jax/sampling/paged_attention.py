@@ -17,6 +17,14 @@ A layer's pool comes in one of two layouts (`init_pool`), one per implementation
 Queries are right-aligned: query t of row b sits at slot `ends_B[b] - T + t` and sees
 the slots up to its own. Page 0 of a pool is the trash page: page-table padding points
 at it and writes that belong nowhere go to it, so it is never read unmasked.
+
+Per-shard pools: under a mesh the page axis is split over the batch axes like the rows
+(`PAGES`), so each batch shard holds a block of pages for its own rows and a device stores
+only those. Page tables then hold LOCAL indices (within the row's shard's block, local page
+0 its trash page), and every read and write of pages runs per shard inside `jax.shard_map`
+(`_per_shard`: rows and pages split alike, heads as the model splits them). A pool whose page
+axis is whole (one batch shard, or a page count the batch axes do not divide) is read with
+indices into the whole pool: on the XLA path as XLA partitions it.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec
 
 from spade_jax.models.sharding import active_sharding, logical_to_spec
 from spade_jax.models.transformer import attention
@@ -38,6 +45,7 @@ except ImportError:  # a JAX without the kernel: the XLA path only
     ragged_paged_attention = None
 
 TRASH_PAGE = 0
+PAGES = "batch"  # the page axis's logical name: split over the batch axes, as the rows are
 IMPLEMENTATIONS = ("auto", "xla", "kernel")
 
 
@@ -66,10 +74,37 @@ def init_pool(num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtyp
 
 
 def pool_axes(pool):
-    """Logical axes of a pool's arrays (kv heads sharded like the model's), in its pytree structure."""
+    """Logical axes of a pool's arrays (pages split like the rows, kv heads like the model's), in
+    its pytree structure."""
     if isinstance(pool, tuple):
-        return (None, "kv_heads", "head_dim", None), (None, "kv_heads", None, "head_dim")
-    return None, None, "kv_heads", "head_dim"
+        return (PAGES, "kv_heads", "head_dim", None), (PAGES, "kv_heads", None, "head_dim")
+    return PAGES, None, "kv_heads", "head_dim"
+
+
+def _pages_split(pool, rows_B) -> bool:
+    """Whether the active sharding splits the pool's page axis (then the rows must be split alike:
+    a shard's tables index its own block of pages)."""
+    active = active_sharding()
+    if active is None:
+        return False
+    mesh, rules = active
+    pages = logical_to_spec((PAGES,), jax.tree.leaves(pool)[0].shape[:1], mesh, rules)[0]
+    if pages is None:
+        return False
+    rows = logical_to_spec(("batch",), rows_B.shape[:1], mesh, rules)[0]
+    if rows != pages:
+        raise ValueError(f"pool pages split over {pages} but its {rows_B.shape[0]} rows over {rows}")
+    return True
+
+
+def _per_shard(fn, args, axes, out_axes):
+    """`fn(*args)` inside `jax.shard_map` over the active mesh, each array split by its logical
+    `axes` (and the outputs by `out_axes`): rows and pages over the batch axes, heads over tensor."""
+    mesh, rules = active_sharding()
+    spec = lambda x, names: logical_to_spec(names, x.shape, mesh, rules)  # noqa: E731
+    return jax.shard_map(fn, mesh=mesh, in_specs=jax.tree.map(spec, args, axes),
+                         out_specs=jax.tree.map(spec, jax.eval_shape(fn, *args), out_axes),
+                         check_vma=False)(*args)
 
 
 def combine_kv(k_BTKH, v_BTKH):
@@ -80,7 +115,16 @@ def combine_kv(k_BTKH, v_BTKH):
 
 def write_pages(pool, k_BTKH, v_BTKH, page_table_BM, starts_B, lengths_B):
     """Writes token t of row b to slot `starts_B[b] + t` of the row's pages, for t < lengths_B[b];
-    the rest goes to the trash page. Returns the pool."""
+    the rest goes to the trash page (per shard where the pages are split). Returns the pool."""
+    args = (pool, k_BTKH, v_BTKH, page_table_BM, starts_B, lengths_B)
+    if not _pages_split(pool, page_table_BM):
+        return _write_local(*args)
+    kv = ("batch", None, "kv_heads", None)
+    return _per_shard(_write_local, args, (pool_axes(pool), kv, kv, ("batch", None), ("batch",), ("batch",)),
+                      pool_axes(pool))
+
+
+def _write_local(pool, k_BTKH, v_BTKH, page_table_BM, starts_B, lengths_B):
     S = pool[0].shape[-1] if isinstance(pool, tuple) else pool.shape[1]
     T = k_BTKH.shape[1]
     slots_BT = starts_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
@@ -104,7 +148,15 @@ def _gather(pages_P_, page_table_BM, row_dims: tuple[int, int]):
 
 
 def gather_pages(pool, page_table_BM):
-    """Row views `(k_BKHL, v_BKLH)` of the pool, L = pages per row * page size (the `KVCache` layout)."""
+    """Row views `(k_BKHL, v_BKLH)` of the pool, L = pages per row * page size (the `KVCache` layout),
+    gathered per shard where the pages are split."""
+    if not _pages_split(pool, page_table_BM):
+        return _gather_local(pool, page_table_BM)
+    rows = ("batch", "kv_heads", None, None)
+    return _per_shard(_gather_local, (pool, page_table_BM), (pool_axes(pool), ("batch", None)), (rows, rows))
+
+
+def _gather_local(pool, page_table_BM):
     B, M = page_table_BM.shape
     if isinstance(pool, tuple):
         k_PKHS, v_PKSH = pool
@@ -124,10 +176,36 @@ def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str 
     backend (interpreted, or compiled ahead of time for TPU from a CPU host) the kernel gets
     fixed block sizes: the tuned ones are looked up by the local TPU's version.
     """
+    args = (q_BTNH, pool, page_table_BM, ends_B)
     if resolve(implementation) == "kernel":
-        return _kernel_attention(q_BTNH, pool, page_table_BM, ends_B, interpret=interpret)
+        return _kernel_attention(*args, interpret=interpret)
+    if not _pages_split(pool, page_table_BM):
+        return _xla_attention(*args)
+    q_axes, kv_axes = ("batch", None, "heads", None), pool_axes(pool)
+    mesh, rules = active_sharding()
+    if logical_to_spec(q_axes, q_BTNH.shape, mesh, rules)[2] != _kv_heads_spec(pool):
+        q_axes, kv_axes = _heads_whole(q_axes), _heads_whole(kv_axes)  # a device needs its queries' kv heads
+    return _per_shard(_xla_attention, args, (q_axes, kv_axes, ("batch", None), ("batch",)), q_axes)
+
+
+def _kv_heads_spec(pool):
+    """The mesh axes the pool's kv heads are split over under the active sharding."""
+    mesh, rules = active_sharding()
+    x, axes = (pool[0], pool_axes(pool)[0]) if isinstance(pool, tuple) else (pool, pool_axes(pool))
+    return logical_to_spec(axes, x.shape, mesh, rules)[axes.index("kv_heads")]
+
+
+def _heads_whole(axes):
+    """Logical `axes` (or a tuple of them, a pool's) with the head axes left unsplit."""
+    if isinstance(axes[0], tuple):
+        return tuple(map(_heads_whole, axes))
+    return tuple(None if name in ("heads", "kv_heads") else name for name in axes)
+
+
+def _xla_attention(q_BTNH, pool, page_table_BM, ends_B):
+    """The XLA path on local (or unsplit) arrays: the rows' pages gathered, then `attention`."""
     B, T = q_BTNH.shape[:2]
-    k_BKHL, v_BKLH = gather_pages(pool, page_table_BM)
+    k_BKHL, v_BKLH = _gather_local(pool, page_table_BM)
     L = k_BKHL.shape[-1]
     positions_BT = ends_B[:, None] - T + jnp.arange(T, dtype=jnp.int32)[None, :]
     mask_BTL = positions_BT[:, :, None] >= jnp.arange(L, dtype=jnp.int32)[None, None, :]
@@ -138,22 +216,25 @@ def paged_attention(q_BTNH, pool, page_table_BM, ends_B, *, implementation: str 
 def _kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):
     """The kernel over every row; under a multi-device `activation_sharding`, inside `shard_map`
     (Mosaic kernels are not partitioned automatically): rows split like the batch, heads like the
-    model's, each device reading its own rows' pages from its copy of the pool's page axis."""
+    model's, each device reading its own rows' pages from its block of the pool (local indices)
+    or, where the page axis is whole, from its copy of the pool."""
     active = active_sharding()
+    args = (q_BTNH, kv_pages_PSCH, page_table_BM, ends_B)
+    local = functools.partial(_local_kernel_attention, interpret=interpret)
     if active is None or active[0].size == 1:
-        return _local_kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, interpret=interpret)
+        return local(*args)
     mesh, rules = active
-    q_spec = logical_to_spec(("batch", None, "heads", None), q_BTNH.shape, mesh, rules)
-    pool_spec = logical_to_spec(pool_axes(kv_pages_PSCH), kv_pages_PSCH.shape, mesh, rules)
-    if pool_spec[0] is not None or pool_spec[1] is not None or pool_spec[3] is not None or q_spec[3] is not None:
-        raise ValueError(f"paged attention kernel: pool sharded {pool_spec}, queries {q_spec}; only heads may be split")
+    q_axes, kv_axes = ("batch", None, "heads", None), pool_axes(kv_pages_PSCH)
+    q_spec = logical_to_spec(q_axes, q_BTNH.shape, mesh, rules)
+    pool_spec = logical_to_spec(kv_axes, kv_pages_PSCH.shape, mesh, rules)
+    if pool_spec[0] not in (None, q_spec[0]) or pool_spec[1] is not None or pool_spec[3] is not None \
+            or q_spec[3] is not None:
+        raise ValueError(f"paged attention kernel: pool sharded {pool_spec}, queries {q_spec}; only heads, and "
+                         "pages like the rows, may be split")
     if q_spec[2] != pool_spec[2]:  # each device must hold the kv heads of its query heads
         raise ValueError(f"paged attention kernel: query heads split over {q_spec[2]} but kv heads over "
                          f"{pool_spec[2]}; choose a tensor axis that divides both")
-    rows_spec = PartitionSpec(q_spec[0])
-    local = functools.partial(_local_kernel_attention, interpret=interpret)
-    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, pool_spec, PartitionSpec(q_spec[0], None), rows_spec),
-                         out_specs=q_spec, check_vma=False)(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B)
+    return _per_shard(local, args, (q_axes, kv_axes, ("batch", None), ("batch",)), q_axes)
 
 
 def _local_kernel_attention(q_BTNH, kv_pages_PSCH, page_table_BM, ends_B, *, interpret: bool):

@@ -1,13 +1,18 @@
 """The rollout engine's paged KV cache: a page pool per layer, pages handed to rows as they grow.
 
-`PageTable` is the host side: which pages each row holds, a free list per shard, and the
-`(rows, pages)` table a program reads. The pool's pages form `shards` equal blocks, row r
-taking pages of block `r // (rows / shards)` (its home shard, where a batch of `rows` rows
-split over the batch axes puts it) by LOCAL index within the block. A row takes pages as its
-conversation grows and gives them all back when it is released; local page 0 of a block is
-never handed out (the trash page of `paged_attention`). When a shard's free list runs dry the
-pool grows by whole pages, every block alike (`grow_to`, `grow_pool`: local indices stay
-valid), never by resizing rows.
+The pool is per shard: its page axis is split over the batch mesh axes as the rows are
+(`paged_attention.PAGES`), each batch shard holding `pages_per_shard` pages for its own rows,
+so a device stores only its rows' pages. Row r of `rows` lives on shard
+`r // (rows / shards)` (where a batch of `rows` rows sharded over the batch axes puts it).
+
+`PageTable` is the host side: which pages each row holds (LOCAL indices, within its shard's
+block), a free list per shard, and the `(rows, pages)` table a program reads. A row takes
+pages of its shard as its conversation grows and gives them all back when it is released;
+local page 0 is never handed out (each shard's trash page of `paged_attention`). When a
+shard's free list runs dry the pool grows by whole pages, every shard's block alike
+(`grow_to`, `grow_pool`: local indices stay valid), never by resizing rows. A program's batch
+puts each row in its shard's segment (`PageTable.batch`), so the rows and pages a device
+holds are the same rows.
 
 `forward_pages` is the device side: a layer stack over some rows that writes the new
 tokens' keys/values into the rows' pages (only the new slots) and attends through the page
@@ -15,11 +20,13 @@ table, either over the row's history and the new tokens at once (`with_history`:
 onto a history, or a decode step) or, for rows that hold nothing yet, causally among the
 new tokens only (a plain prefill, no pages read).
 
-`rows_from_pages` and `new_slots_to_pages` serve a decode chunk on the XLA path: the chunk's
-rows are gathered once into contiguous per-row caches, decoded there as the contiguous engine
-decodes, and only the slots the chunk wrote go back to the pages. A gather per decode step
-copies every row's whole history once more per token: 2-7x slower decode on XLA:CPU
-(measured on a 4-layer model, 16 rows of ~400 tokens, 64 steps).
+Every read and write of pages runs per shard (`paged_attention`'s `shard_map`), so a program
+moves no page between devices. `rows_from_pages` and `new_slots_to_pages` serve a decode
+chunk on the XLA path: the chunk's rows are gathered once into contiguous per-row caches,
+decoded there as the contiguous engine decodes, and only the slots the chunk wrote go back
+to the pages. A gather per decode step copies every row's whole history once more per
+token: 2-7x slower decode on XLA:CPU (measured on a 4-layer model, 16 rows of ~400 tokens,
+64 steps).
 """
 
 from __future__ import annotations
@@ -155,7 +162,8 @@ def _each_array(fn, pool):
 
 
 def pool_shardings(config, num_pages: int, page_size: int, implementation: str, mesh, rules) -> list:
-    """Per-layer shardings of `init_pools`' pools: kv heads as the model shards them, pages whole."""
+    """Per-layer shardings of `init_pools`' pools: pages split over the batch axes (a block per
+    shard), kv heads as the model shards them."""
     pool = jax.eval_shape(lambda: init_pools(config, num_pages, page_size, implementation)[0])
     one = _each_array(lambda x, axes: NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules)), pool)
     return [one] * config.num_layers
@@ -195,7 +203,8 @@ def forward_pages(model, tokens_BT, starts_B, lengths_B, page_table_BM, pools, *
 
 
 def rows_from_pages(pools, page_table_BM) -> list:
-    """Per-layer contiguous `(k_BKHL, v_BKLH)` caches of the table's rows (`Transformer.extend_rows`' layout)."""
+    """Per-layer contiguous `(k_BKHL, v_BKLH)` caches of the table's rows (`Transformer.extend_rows`' layout),
+    each shard's rows gathered from its own pages."""
     return [gather_pages(pool, page_table_BM) for pool in pools]
 
 
