@@ -340,7 +340,8 @@ class Programs:
         }
         if paged:
             host["page_table_BM"] = np.zeros((R, plan.cache_length // plan.page_size), np.int32)
-            num_pages = 1 + R * (plan.cache_length // plan.page_size)
+            pages = engine._pages  # a block per batch shard: its trash page and its rows' pages
+            num_pages = pages.shards * (1 + pages.rows_per_shard * (plan.cache_length // plan.page_size))
             shardings = engine._pool_shardings(num_pages)
             shapes = jax.eval_shape(lambda: paged_cache.init_pools(plan.model, num_pages, plan.page_size,
                                                                    engine.paged_attention))
