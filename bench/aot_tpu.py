@@ -23,8 +23,15 @@ The programs are the ones a self-play run compiles, lowered through the same fun
   rows, `MAX_FRESH_TOKENS` each) and its `append` (a pass onto every row's history,
   `MAX_APPEND_TOKENS` each).
 
-Per program: per-device memory (`memory_analysis`; a row "fits" when the peak is within the
-chip's HBM), FLOPs and bytes accessed per device (`cost_analysis`), a roofline time
+The engine programs read the weights the samplers read on TPU (`models/sampling_weights.py`): the
+preset's `model.sampling_dtype` resolved for "tpu" ("auto": a bfloat16 copy of the matrices,
+cast as `_casts` casts them, sharded like the masters). While they run, the float32 masters (when
+a copy is used), the Adam moments and the KL reference (`rl.kl_coef > 0`) stay in HBM without
+being arguments of the program: "resident GiB" is their bytes per device, placed as the update
+places them, and an engine row "fits" when peak + resident is within the chip's HBM.
+
+Per program: per-device memory (`memory_analysis`; an update row "fits" when the peak is within
+the chip's HBM), FLOPs and bytes accessed per device (`cost_analysis`), a roofline time
 max(FLOPs / peak FLOP/s, bytes / HBM bandwidth), and two ceilings from it: tokens/s = tokens
 per execution / roofline s, and for the update the MFU ceiling = 6 * active parameters *
 tokens / (roofline s * chips * the chip's peak bf16 FLOP/s). The compiler counts a loop body
@@ -37,6 +44,14 @@ for decode. The compiler's own `optimal_seconds` is kept as "compiler s" (mended
 head's chunks (inside a `lax.cond`) doubled in length while their FLOPs did, and a decode step
 still reads negative after the mending. "model FLOP share" = 6 * active parameters * tokens /
 the compiled FLOPs: the MFU of the update at 100% FLOP utilisation.
+
+Decode rows also get a bandwidth bound, "bound s" = (bytes per device of the sampling weights +
+the live KV cache when every row holds `cache_length` slots) / HBM bandwidth ("weights+KV
+GB/dev" is that numerator): what one step must read at least. "roofline / bound" compares the
+compiler's bytes with it and is only indicative, skewed both ways: XLA's cost analysis does not
+see inside a Pallas kernel (the paged kernel's KV reads are missing from decode_paged's bytes,
+pulling the ratio down), and it counts a scatter or `dynamic_update_slice` into the donated cache
+as a copy of the whole cache (pushing decode's ratio up).
 
 Needs one libtpu process at a time (its lockfile) and, on 2 cores, minutes per program.
 """
@@ -66,6 +81,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 from spade_jax.models.config import ModelConfig  # noqa: E402
 from spade_jax.sampling.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
 from spade_jax.models.policy import Policy, abstract_model  # noqa: E402
+from spade_jax.models.sampling_weights import SAMPLING_DTYPES, _casts, resolve_sampling_dtype  # noqa: E402
 from spade_jax.models.sharding import TRAIN_RULES, logical_to_spec, make_mesh, param_shardings  # noqa: E402
 from spade_jax.rl.batch import TrainSequence, bucket_rows, pack  # noqa: E402
 from spade_jax.rl.train import Trainer, make_optimizer  # noqa: E402
@@ -172,6 +188,7 @@ class Plan:
     moments_as_trainer: bool = False  # Adam moments placed as Trainer.__init__ places them (replicated)
     page_size: int = engine_lib.PAGE_SIZE  # decode_paged: slots per page (divides cache_length)
     paged_attention: str = "kernel"  # decode_paged: `paged_attention` implementation
+    sampling_dtype: str | None = None  # engine weights: model.sampling_dtype resolved for "tpu" (None: the masters)
 
     def describe(self) -> str:
         m, loss = self.model, self.loss
@@ -181,6 +198,8 @@ class Plan:
             f"K={m.num_kv_heads} H={m.head_dim} V={m.vocab_size} E={m.num_experts}/{m.num_experts_per_tok}, "
             f"{m.num_params / 1e9:.2f}B params ({m.num_active_params / 1e9:.2f}B active), {m.param_dtype} "
             f"params / {m.dtype} compute\n"
+            f"  sampling weights: {self.sampling_dtype or m.param_dtype} "
+            f"({'a copy of the matrices' if self.sampling_dtype else 'the masters'})\n"
             f"  update: {self.rows} x {self.row_length} rows, micro_batch_rows={loss.micro_batch_rows}, "
             f"remat={loss.remat}, logits_chunk={loss.logits_chunk}, kl_coef={loss.kl_coef}\n"
             f"  decode: {self.engine_rows} rows, cache {self.cache_length} slots, {bucket(self.max_new_tokens, 16)} "
@@ -213,6 +232,9 @@ def make_plan(args, preset: str) -> Plan:
     config_lib.validate(c, chips)  # what a run checks first: e.g. micro_batch_rows vs the data-parallel size
     data_parallel = mesh[0] * mesh[1]
     agent = config_lib.agent_config(c)
+    sampling = resolve_sampling_dtype(args.sampling_dtype or c.model.sampling_dtype, "tpu")
+    _, masters = abstract_model(model)
+    copies = any(_casts(leaf, sampling) for leaf in jax.tree.leaves(masters))  # as SamplingWeights decides
     return Plan(
         preset=preset, slice=slice_, chip=chip, chips=chips, mesh=mesh, model=model, loss=loss,
         optim=config_lib.optim_config(c), rows=args.rows or update_rows(c, data_parallel),
@@ -221,6 +243,7 @@ def make_plan(args, preset: str) -> Plan:
         max_new_tokens=agent.max_new_tokens, truncate=agent.top_k > 0 or agent.top_p < 1,
         with_old_logprobs=c.rl.updates_per_iteration > 1, moments_as_trainer=args.moments_as_trainer,
         page_size=args.page_size, paged_attention=args.paged_attention,
+        sampling_dtype=sampling.name if copies else None,
     )
 
 
@@ -229,6 +252,13 @@ def make_plan(args, preset: str) -> Plan:
 
 def abstract(shape, dtype, sharding) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def sampling_copy(tree, dtype: str | None):
+    """Abstract arrays of the samplers' weights: the leaves `_casts` casts in `dtype`, the rest as
+    they are, every leaf with its sharding (None: the masters themselves)."""
+    dtype = jax.numpy.dtype(dtype) if dtype else None
+    return jax.tree.map(lambda x: abstract(x.shape, dtype if _casts(x, dtype) else x.dtype, x.sharding), tree)
 
 
 def placed_like_inputs(host: dict, mesh, rules) -> dict:
@@ -252,7 +282,11 @@ class Programs:
         state = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), state, shardings)
         self.graphdef, self.state = graphdef, state
         self.policy = Policy(nnx.merge(graphdef, state), plan.model, None, self.mesh, self.rules)
+        self.sampling_state = sampling_copy(state, plan.sampling_dtype)
+        self.sampling_policy = Policy(nnx.merge(graphdef, self.sampling_state), plan.model, None, self.mesh,
+                                      self.rules)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._resident = None
 
     def _trainer(self) -> Trainer:
         """A `Trainer` with what `_update_fn` reads (`__init__` runs concrete code on the devices)."""
@@ -280,6 +314,29 @@ class Programs:
                                            transform_non_params=lambda _: self.replicated)
         opt_state = jax.tree.map(lambda x, s: abstract(x.shape, x.dtype, s), shapes, opt_sh)
         return params, opt_state, param_sh, opt_sh
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Per-device bytes that stay in HBM while the engine samples and are not its arguments:
+        the masters (when the engine reads a copy), the optimizer state, the KL reference."""
+        if self._resident is None:
+            params, opt_state, _, _ = self._train_state(make_optimizer(self.plan.optim))
+            masters = per_device_bytes(params)
+            self._resident = {"masters": masters if self.plan.sampling_dtype else 0,
+                              "optimizer": per_device_bytes(opt_state),
+                              "kl_reference": masters if self.plan.loss.kl_coef > 0 else 0}
+        return self._resident
+
+    def decode_bound_inputs(self) -> dict:
+        """`decode_bound`'s arguments for this plan: the sampling weights' bytes per device, and the
+        rows and KV heads per device of the contiguous cache."""
+        plan, engine = self.plan, self._engine()
+        k_sharding = engine._cache_shardings(plan.cache_length)[0][0]
+        rows, kv_heads = k_sharding.shard_shape((engine.rows, plan.model.num_kv_heads, plan.model.head_dim,
+                                                 plan.cache_length))[:2]
+        return dict(weight_bytes=per_device_bytes(self.sampling_state), rows_per_device=rows,
+                    cache_length=plan.cache_length, layers=plan.model.num_layers, kv_heads_per_device=kv_heads,
+                    head_dim=plan.model.head_dim, cache_itemsize=np.dtype(jax.numpy.dtype(plan.model.dtype)).itemsize,
+                    hbm_bytes_per_s=CHIPS[plan.chip].hbm_bytes_per_s)
 
     def lower_update(self):
         plan, trainer = self.plan, self._trainer()
@@ -317,7 +374,7 @@ class Programs:
     def _engine(self, paged: bool = False):
         plan = self.plan
         paging = dict(kv_cache="paged", page_size=plan.page_size, paged_attention=plan.paged_attention) if paged else {}
-        return engine_lib.RowEngine(self.policy, plan.engine_rows, max_new_tokens=plan.max_new_tokens,
+        return engine_lib.RowEngine(self.sampling_policy, plan.engine_rows, max_new_tokens=plan.max_new_tokens,
                                     stop_token_ids=QWEN3_STOP_IDS, **paging)
 
     def _cache(self, engine):
@@ -375,6 +432,8 @@ class Programs:
 
 
 PROGRAMS = ("update", "decode", "decode_paged", "prefill", "append")
+ENGINE_PROGRAMS = ("decode", "decode_paged", "prefill", "append")
+DECODE_PROGRAMS = ("decode", "decode_paged")
 
 
 @contextlib.contextmanager
@@ -432,6 +491,21 @@ def update_counts(plan: Plan, devices) -> tuple[np.ndarray, np.ndarray]:
     return counts(full.lower_optimizer_step().compile()), micro
 
 
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of abstract arrays: each leaf's shard under its sharding."""
+    return sum(math.prod(x.sharding.shard_shape(tuple(x.shape))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def decode_bound(*, weight_bytes: int, rows_per_device: int, cache_length: int, layers: int,
+                 kv_heads_per_device: int, head_dim: int, cache_itemsize: int,
+                 hbm_bytes_per_s: float) -> tuple[int, float]:
+    """(bytes, seconds) a decode step reads per device at least: every weight, and the K and V of
+    every layer with every row full (`cache_length` slots), at the chip's HBM bandwidth."""
+    kv = rows_per_device * cache_length * layers * 2 * kv_heads_per_device * head_dim * cache_itemsize
+    return weight_bytes + kv, (weight_bytes + kv) / hbm_bytes_per_s
+
+
 def roofline_seconds(flops_bytes: np.ndarray, chip: Chip) -> float:
     return float(max(flops_bytes[0] / chip.peak_bf16, flops_bytes[1] / chip.hbm_bytes_per_s))
 
@@ -475,6 +549,12 @@ def measure(plan: Plan, programs: Programs, program: str, with_update_cost: bool
     chip = CHIPS[plan.chip]
     row = {"preset": plan.preset, "slice": plan.slice.name, "topology": plan.slice.topology, "mesh": list(plan.mesh),
            "program": program, "shape": shape_of(plan, program), "hbm_gib": chip.hbm_gib}
+    resident = 0
+    if program in ENGINE_PROGRAMS:
+        parts = programs.resident_bytes()
+        resident = sum(parts.values())
+        row.update(sampling_dtype=plan.sampling_dtype or plan.model.param_dtype, resident_gib=resident / GIB,
+                   **{f"resident_{k}_gib": v / GIB for k, v in parts.items()})
     start = time.perf_counter()
     lower = {"update": programs.lower_update, "decode": programs.lower_decode,
              "decode_paged": lambda: programs.lower_decode(paged=True),
@@ -497,7 +577,7 @@ def measure(plan: Plan, programs: Programs, program: str, with_update_cost: bool
     peak = getattr(mem, "peak_memory_in_bytes", 0) or (sizes["argument"] + sizes["output"] - sizes["alias"]
                                                         + sizes["temp"])
     flops_bytes = counts(compiled)
-    row.update(fits=peak <= chip.hbm_gib * GIB, peak_gib=peak / GIB, **{f"{k}_gib": v / GIB for k, v in sizes.items()},
+    row.update(fits=peak + resident <= chip.hbm_gib * GIB, peak_gib=peak / GIB, **{f"{k}_gib": v / GIB for k, v in sizes.items()},
                compiler_flops=flops_bytes[0], compiler_bytes=flops_bytes[1], compiler_seconds=optimal_seconds(compiled))
     if program == "update":
         if not with_update_cost:
@@ -510,6 +590,9 @@ def measure(plan: Plan, programs: Programs, program: str, with_update_cost: bool
         seconds = roofline_seconds(once, chip) + n * roofline_seconds(micro, chip)
     else:  # a decode execution is costed as one loop iteration: one token for every row
         seconds = roofline_seconds(flops_bytes, chip)
+    if program in DECODE_PROGRAMS:
+        bound_bytes, bound = decode_bound(**programs.decode_bound_inputs())
+        row.update(bound_bytes=bound_bytes, bound_s=bound, roofline_over_bound=seconds / bound)
     tokens = tokens_per_execution(plan, program)
     row.update(flops=float(flops_bytes[0]), bytes=float(flops_bytes[1]), compute_s=flops_bytes[0] / chip.peak_bf16,
                roofline_s=seconds, tokens=tokens, tokens_per_s=tokens / seconds if seconds > 0 else None)
@@ -529,25 +612,31 @@ def _oom_summary(message: str) -> str:
 
 # ---- output ---------------------------------------------------------------------------------
 
-COLUMNS = ("preset", "slice", "mesh", "program", "shape", "fits", "peak GiB / HBM", "args GiB", "temp GiB",
-           "TFLOP/dev", "GB/dev", "compute s", "roofline s", "compiler s", "tokens/s ceiling", "MFU ceiling",
-           "model FLOP share", "compile s")
+COLUMNS = ("preset", "slice", "mesh", "program", "shape", "fits", "peak GiB / HBM", "resident GiB", "args GiB",
+           "temp GiB", "TFLOP/dev", "GB/dev", "weights+KV GB/dev", "compute s", "roofline s", "bound s",
+           "roofline / bound", "compiler s", "tokens/s ceiling", "MFU ceiling", "model FLOP share", "compile s")
 
 
 def table_row(r: dict) -> str:
     def f(x, fmt):
         return "" if x is None else format(x, fmt)
 
+    cells = {"preset": r["preset"], "slice": r["slice"], "mesh": str(tuple(r["mesh"])), "program": r["program"],
+             "shape": r["shape"], "resident GiB": f(r.get("resident_gib"), ".2f"), "compile s": f(r["compile_s"], ".0f")}
     if "error" in r:
-        cells = [r["preset"], r["slice"], str(tuple(r["mesh"])), r["program"], r["shape"], "does not fit",
-                 r["error"], "", "", "", "", "", "", "", "", "", "", f(r["compile_s"], ".0f")]
+        cells.update({"fits": "does not fit", "peak GiB / HBM": r["error"]})
     else:
-        cells = [r["preset"], r["slice"], str(tuple(r["mesh"])), r["program"], r["shape"], "yes" if r["fits"] else "NO",
-                 f"{r['peak_gib']:.2f} / {r['hbm_gib']:g}", f(r["argument_gib"], ".2f"), f(r["temp_gib"], ".2f"),
-                 f(r.get("flops") and r["flops"] / 1e12, ".2f"), f(r.get("bytes") and r["bytes"] / 1e9, ".1f"), f(r.get("compute_s"), ".4g"),
-                 f(r.get("roofline_s"), ".4g"), f(r["compiler_seconds"], ".4g"), f(r.get("tokens_per_s"), ",.0f"),
-                 f(r.get("mfu_ceiling"), ".1%"), f(r.get("model_flops_share"), ".1%"), f(r["compile_s"], ".0f")]
-    return "| " + " | ".join(cells) + " |"
+        cells.update({
+            "fits": "yes" if r["fits"] else "NO", "peak GiB / HBM": f"{r['peak_gib']:.2f} / {r['hbm_gib']:g}",
+            "args GiB": f(r["argument_gib"], ".2f"), "temp GiB": f(r["temp_gib"], ".2f"),
+            "TFLOP/dev": f(r.get("flops") and r["flops"] / 1e12, ".2f"),
+            "GB/dev": f(r.get("bytes") and r["bytes"] / 1e9, ".1f"),
+            "weights+KV GB/dev": f(r.get("bound_bytes") and r["bound_bytes"] / 1e9, ".2f"),
+            "compute s": f(r.get("compute_s"), ".4g"), "roofline s": f(r.get("roofline_s"), ".4g"),
+            "bound s": f(r.get("bound_s"), ".4g"), "roofline / bound": f(r.get("roofline_over_bound"), ".2f"),
+            "compiler s": f(r["compiler_seconds"], ".4g"), "tokens/s ceiling": f(r.get("tokens_per_s"), ",.0f"),
+            "MFU ceiling": f(r.get("mfu_ceiling"), ".1%"), "model FLOP share": f(r.get("model_flops_share"), ".1%")})
+    return "| " + " | ".join(cells.get(c, "") for c in COLUMNS) + " |"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -580,6 +669,8 @@ def main(argv=None) -> int:
     p.add_argument("--page_size", type=int, default=engine_lib.PAGE_SIZE, help="decode_paged: slots per page")
     p.add_argument("--paged_attention", default="kernel", choices=("kernel", "xla"),
                    help="decode_paged: the ragged paged attention TPU kernel, or the XLA gather path")
+    p.add_argument("--sampling_dtype", choices=SAMPLING_DTYPES,
+                   help="override model.sampling_dtype (resolved for tpu) for the engine programs' weights")
     p.add_argument("--moments_as_trainer", action="store_true",
                    help="place the Adam moments as Trainer.__init__ does today (replicated) instead of like the params")
     p.add_argument("--no_update_cost", action="store_true", help="skip the update's cost probes (memory only)")
