@@ -279,6 +279,28 @@ def test_kernel_in_interpret_mode_equals_the_xla_path(dtype, atol):
     np.testing.assert_allclose(real(kernel_BTNH), np.asarray(ref_QNH, np.float32), atol=atol, rtol=0)
 
 
+def _attention_under_mesh(mesh, implementation, q_BTNH, pool, table_BM, ends_B):
+    """`paged_attention` jitted under `activation_sharding(mesh)`, the kernel interpreted through
+    the shim (skips where the shim cannot attach to this JAX)."""
+
+    def attend(q, pool, table, ends):
+        with activation_sharding(mesh, TRAIN_RULES):
+            return pa.paged_attention(q, pool, table, ends, implementation=implementation, interpret=True)
+
+    try:
+        with patched_tpu_interpreter():
+            return jax.jit(attend)(q_BTNH, pool, table_BM, ends_B)
+    except ShimUnavailable as error:
+        pytest.skip(f"pallas_interpret_shim cannot attach: {error}")
+
+
+def _assert_real_queries_close(a_BTNH, b_BTNH, q_lens, atol=1e-5):
+    """The real (right-aligned) queries of each row agree."""
+    T = a_BTNH.shape[1]
+    for b, n in enumerate(q_lens):
+        np.testing.assert_allclose(np.asarray(a_BTNH[b, T - n:]), np.asarray(b_BTNH[b, T - n:]), atol=atol)
+
+
 def test_kernel_under_a_mesh_runs_in_shard_map_and_equals_the_xla_path():
     """Mosaic kernels are not partitioned automatically: under a 4-device mesh (rows over data,
     heads over tensor) the kernel runs inside `shard_map`, each device on its own rows and heads
@@ -286,20 +308,9 @@ def test_kernel_under_a_mesh_runs_in_shard_map_and_equals_the_xla_path():
     pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
     q_BTNH, kv_PSCH, table_BM, kv_lens_B, q_lens = (x[:4] if i != 1 else x for i, x in enumerate(_ragged_case()))
     mesh = make_mesh((2, 1, 2), jax.devices()[:4])
-
-    def kernel(q, pool, table, ends):
-        with activation_sharding(mesh, TRAIN_RULES):
-            return pa.paged_attention(q, pool, table, ends, implementation="kernel", interpret=True)
-
-    try:
-        with patched_tpu_interpreter():
-            kernel_BTNH = jax.jit(kernel)(q_BTNH, kv_PSCH, table_BM, kv_lens_B)
-    except ShimUnavailable as error:
-        pytest.skip(f"pallas_interpret_shim cannot attach: {error}")
+    kernel_BTNH = _attention_under_mesh(mesh, "kernel", q_BTNH, kv_PSCH, table_BM, kv_lens_B)
     xla_BTNH = pa.paged_attention(q_BTNH, kv_PSCH, table_BM, kv_lens_B, implementation="xla")
-    T = q_BTNH.shape[1]
-    for b, n in enumerate(q_lens):
-        np.testing.assert_allclose(np.asarray(kernel_BTNH[b, T - n:]), np.asarray(xla_BTNH[b, T - n:]), atol=1e-5)
+    _assert_real_queries_close(kernel_BTNH, xla_BTNH, q_lens)
     with activation_sharding(mesh, (("batch", ("data",)), ("heads", ("tensor",)), ("kv_heads", ()))):
         with pytest.raises(ValueError, match="query heads split over"):
             jax.eval_shape(lambda: pa.paged_attention(q_BTNH, kv_PSCH, table_BM, kv_lens_B, implementation="kernel"))
@@ -327,21 +338,11 @@ def test_paged_attention_on_a_per_shard_pool_equals_the_whole_pool(implementatio
         pytest.importorskip("jax.experimental.pallas.ops.tpu.ragged_paged_attention")
     q_BTNH, pool_PSCH, local_BM, kv_lens_B, q_lens, (whole_PSCH, global_BM) = _per_shard_case(2)
     mesh = make_mesh((2, 1, 2), jax.devices()[:4])
-
-    def split(q, pool, table, ends):
-        with activation_sharding(mesh, TRAIN_RULES):
-            assert pa.pool_axes(pool)[0] == "batch" and pa._pages_split(pool, table)
-            return pa.paged_attention(q, pool, table, ends, implementation=implementation, interpret=True)
-
-    try:
-        with patched_tpu_interpreter():
-            split_BTNH = jax.jit(split)(q_BTNH, pool_PSCH, local_BM, kv_lens_B)
-    except ShimUnavailable as error:
-        pytest.skip(f"pallas_interpret_shim cannot attach: {error}")
+    with activation_sharding(mesh, TRAIN_RULES):
+        assert pa.pool_axes(pool_PSCH)[0] == "batch" and pa._pages_split(pool_PSCH, local_BM)
+    split_BTNH = _attention_under_mesh(mesh, implementation, q_BTNH, pool_PSCH, local_BM, kv_lens_B)
     whole_BTNH = pa.paged_attention(q_BTNH, whole_PSCH, global_BM, kv_lens_B, implementation="xla")
-    T = q_BTNH.shape[1]
-    for b, n in enumerate(q_lens):
-        np.testing.assert_allclose(np.asarray(split_BTNH[b, T - n:]), np.asarray(whole_BTNH[b, T - n:]), atol=1e-5)
+    _assert_real_queries_close(split_BTNH, whole_BTNH, q_lens)
 
 
 def test_implementation_choice():
