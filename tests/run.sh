@@ -12,13 +12,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Model parity, sampler, rollout engine, update, sharding, losses, one self-play iteration, the
-# persistent compilation cache and gymnax (installed --no-deps past its jax<0.12): what a new JAX
-# release is most likely to break, in about 8 minutes on 2 cores.
+# persistent compilation cache, gymnax (installed --no-deps past its jax<0.12) and the paged cache
+# with its Pallas kernel interpreted through JAX internals (tests/pallas_interpret_shim.py): what a new JAX
+# release is most likely to break, in about 10 minutes on 2 cores.
 COMPAT=(tests/test_model_parity.py tests/test_sampling.py tests/test_rollout_engine.py tests/test_train.py
         tests/test_model_sharding.py tests/test_advantages.py tests/test_losses.py
         tests/test_selfplay.py::test_one_iteration_end_to_end_on_a_tiny_random_model
         tests/test_compile_cache.py::test_a_second_process_loads_every_program_the_first_compiled
-        tests/test_evals_games.py)
+        tests/test_evals_games.py tests/test_paged_cache.py)
 stack=pinned
 case "${1:-}" in
   --stack=*) stack="${1#--stack=}"; shift ;;
