@@ -20,6 +20,10 @@ loop's `_update` does; advantages centred over each program's plays as in self-p
   The training win rate's block means (blocks of `--block` updates) with standard errors show
   the curve.
 
+`--partial_credit` makes the training plays' programs grade a wrong final answer (the library's
+`partial_credit=True`: `PARTIAL_CREDIT_SCALE` times its closeness, never a win), so a group
+without wins still has reward differences to centre; the evaluations stay on wins, unchanged.
+
 Writes `DIR/rung<N>.json` (every curve and evaluation), `DIR/rung<N>.md` (the tables, the bar's
 verdict) and `DIR/rung<N>.png`. Seconds per update and episodes per minute are recorded.
 """
@@ -115,8 +119,10 @@ def _setup(args, pool) -> Setup:
     return Setup(config, {name: library.load_source(name) for name in names}, pool, args.load)
 
 
-def _play(policy, setup: Setup, seeds_by_program: dict[str, list[int]], stream: int, *, temperature: float | None = None):
-    """Plain plays of each program on its seeds; returns (program name per play, trajectories)."""
+def _play(policy, setup: Setup, seeds_by_program: dict[str, list[int]], stream: int, *,
+          temperature: float | None = None, env_kwargs: dict | None = None):
+    """Plain plays of each program on its seeds (its constructor given ``env_kwargs``); returns
+    (program name per play, trajectories)."""
     cfg = agent_config(setup.config)
     if temperature is not None:
         cfg = dataclasses.replace(cfg, temperature=temperature)
@@ -124,7 +130,7 @@ def _play(policy, setup: Setup, seeds_by_program: dict[str, list[int]], stream: 
     for k, (name, seeds) in enumerate(seeds_by_program.items()):
         for s in seeds:
             names.append(name)
-            requests.append(EpisodeRequest(k, setup.programs[name], int(s)))
+            requests.append(EpisodeRequest(k, setup.programs[name], int(s), env_kwargs=dict(env_kwargs or {})))
     return names, play_episodes(policy, setup.pool, requests, cfg, seed=stream)
 
 
@@ -189,13 +195,15 @@ def _arm(setup: Setup, seed: int, lr: float, args) -> dict:
             else:
                 seeds = {n: [derive_seed(seed, "train", u, n, j) % EPISODE_SEED_SPACE for j in range(counts[n])]
                          for n in names}
-            played_u, trajectories = _play(policy, setup, seeds, stream=derive_seed(seed, "train-stream", u))
+            played_u, trajectories = _play(policy, setup, seeds, stream=derive_seed(seed, "train-stream", u),
+                                           env_kwargs={"partial_credit": True} if args.partial_credit else None)
             history.append(({n: 0 for n in names}, {n: 0 for n in names}))
             for n, w in zip(played_u, _wins(trajectories)):
                 history[-1][0][n] += int(w)
                 history[-1][1][n] += 1
             info = _update(trainer, setup, trajectories)
             info["train_win_rate"] = float(_wins(trajectories).mean())
+            info["train_reward_mean"] = float(np.mean([t.reward for t in trajectories]))
             info["plays"] = counts
             record["updates"].append(info)
             if args.rung == 0 and ((u + 1) % args.eval_every == 0 or u + 1 == args.updates):
@@ -301,6 +309,8 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=10, help="updates per block mean (rung 1)")
     parser.add_argument("--eval_every", type=int, default=3, help="updates between evaluations (rung 0)")
     parser.add_argument("--no_control", action="store_true", help="skip the learning-rate-0 arms")
+    parser.add_argument("--partial_credit", action="store_true",
+                        help="training plays score a wrong answer's closeness (the library's partial_credit=True)")
     args = parser.parse_args()
     args.updates = args.updates or (15 if args.rung == 0 else 40)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +325,8 @@ def main() -> None:
     lines, met = _verdict(records, args)
     report = [f"# Rung {args.rung}", "", f"`python bench/rl_sanity.py --rung {args.rung} --load {args.load} "
               f"--seeds {args.seeds} --updates {args.updates} --plays {args.plays} --eval_plays {args.eval_plays} "
-              f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays} --window {args.window}`",
+              f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays} --window {args.window}"
+              f"{' --partial_credit' if args.partial_credit else ''}`",
               "", *lines, "", f"**Bar {'met' if met else 'not met'}.**"]
     (args.out / f"rung{args.rung}.md").write_text("\n".join(report) + "\n")
     _plot(records, args, args.out / f"rung{args.rung}.png")

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from spade_jax.envs import ToolUseEnv, library
-from spade_jax.envs.contract import SUCCESS_REWARD, is_success
+from spade_jax.envs.contract import PARTIAL_CREDIT_SCALE, SUCCESS_REWARD, is_success
 
 SEEDS = range(12)
 MALFORMED_ACTIONS = [
@@ -309,6 +309,76 @@ def test_tool_use_answer_format_and_wrong_answer():
     assert env.step(f"<answer>{second.upper()} ,{first}</answer>")[1] == SUCCESS_REWARD
     env.reset(3)
     assert env.step(f"<answer>{first}</answer>")[1:3] == (0.0, True)
+
+
+def _near_misses(name, env):
+    """A wrong answer for the instance ``env`` was reset to and its closeness, computed here
+    from the instance's own data (not through ``closeness``)."""
+    if name == "shopping":
+        expected = int(env.expected_answer)
+        return f"<answer>{expected + 1}</answer>", 1 - 1 / expected
+    if name == "tallest":
+        second = sorted(env.people, key=env.heights.get)[-2]
+        return f"<answer>{second}</answer>", (len(env.people) - 2) / (len(env.people) - 1)
+    if name == "nearest_city":
+        distance = {c: abs(x - env.home[0]) + abs(y - env.home[1]) for c, (x, y) in env.positions.items()}
+        farthest = max(distance, key=distance.get)
+        return f"<answer>{farthest.lower()}</answer>", (min(distance.values()) + 1) / (distance[farthest] + 1)
+    if name == "plant_experiment":
+        return f"<answer>{', '.join(env.factors)}</answer>", len(env.causes) / len(env.factors)
+    if name == "repeat_pattern":
+        wrong = env.answer[:-1] + [next(c for c in "ABCDEF" if c != env.answer[-1])]
+        return f"\\boxed{{{' '.join(wrong)}}}", (len(env.answer) - 1) / len(env.answer)
+    fits = [(sum(env.items[i][1] for i in chosen), "".join(chosen))
+            for n in range(1, len(env.items) + 1) for chosen in itertools.combinations(env.items, n)
+            if sum(env.items[i][0] for i in chosen) <= env.capacity]
+    value, chosen = max(fit for fit in fits if fit[0] < env.best_value)
+    return f"\\boxed{{{chosen}}}", value / env.best_value
+
+
+GRADED = {"shopping": None, "tallest": None, "nearest_city": None, "plant_experiment": {"NUM_FACTORS": 6},
+          "repeat_pattern": {"ANSWER_LENGTH": 4}, "knapsack": {"NUM_ITEMS": 6}}
+
+
+@pytest.mark.parametrize("name", GRADED)
+def test_partial_credit_grades_a_wrong_answer_only_when_asked(name):
+    cls = _load_class(library.render(name, GRADED[name]))
+    graded = 0
+    for seed in range(12):
+        for partial in (False, True):
+            env = cls(partial_credit=partial)
+            env.reset(seed)
+            wrong, closeness = _near_misses(name, env)
+            _, reward, terminated, _, _ = _check_step(env.step(wrong))
+            assert terminated and not is_success(reward)
+            assert reward == pytest.approx(PARTIAL_CREDIT_SCALE * closeness if partial else 0.0)
+            graded += partial and reward > 0
+            env.reset(seed)
+            assert env.step(env.solution().splitlines()[-1])[1] == SUCCESS_REWARD
+        env = cls(partial_credit=True)
+        env.reset(seed)
+        nonsense = "\\boxed{Z}" if env.step.__qualname__.startswith(cls.__name__) else "<answer>Zed</answer>"
+        assert env.step(nonsense)[1] == 0.0
+    assert graded >= 10  # near misses score on most seeds (a 0 closeness is possible, e.g. a one-item bag)
+
+
+def test_partial_credit_reaches_the_program_through_the_sandbox():
+    from spade_jax.sandbox import EpisodeSpec, SandboxPool, SandboxConfig
+
+    pool = SandboxPool(SandboxConfig())
+    try:
+        specs = [EpisodeSpec(library.load_source("knapsack"), seed=5, env_kwargs={"partial_credit": flag})
+                 for flag in (False, True)]
+        starts = pool.start(specs)
+        assert all(start.ok for start in starts), [start.error for start in starts]
+        env = _load_class(library.load_source("knapsack"))(partial_credit=True)
+        env.reset(5)
+        wrong, closeness = _near_misses("knapsack", env)
+        steps = pool.step([start.episode_id for start in starts], [wrong, wrong])
+        pool.close([start.episode_id for start in starts])
+    finally:
+        pool.close_all()
+    assert [step.reward for step in steps] == pytest.approx([0.0, PARTIAL_CREDIT_SCALE * closeness])
 
 
 # --- sandbox admission ---------------------------------------------------------------------

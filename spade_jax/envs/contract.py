@@ -14,7 +14,10 @@ name ends in ``Env``:
   from ``range(EPISODE_SEED_SPACE)`` (training and admission alike).
 * ``step(action)`` returns ``(observation, reward, terminated, truncated, info)``.
   Rewards lie in [-1, 1]; ``SUCCESS_REWARD`` (1.0) on the final step means the
-  episode was won. ``truncated`` is set when ``max_turns`` runs out.
+  episode was won. ``truncated`` is set when ``max_turns`` runs out. A program may
+  grade a wrong final answer (partial credit, as the reference's corpus environments
+  do); the seed library does so only when made with ``partial_credit=True``, scoring
+  ``PARTIAL_CREDIT_SCALE`` times the answer's closeness.
 * Optional difficulty knob: the class declares ``DIFFICULTY_LEVELS = ("easy",
   "medium", "hard")`` (a literal tuple of distinct short names, easiest first; read
   by ``spade_jax.sandbox.policy.difficulty_levels`` without running the program) and
@@ -46,6 +49,9 @@ import math
 import re
 
 SUCCESS_REWARD = 1.0
+# The most a wrong final answer scores where an environment grades it (the library's
+# ``partial_credit=True``): closeness in [0, 1] times this, so no near miss counts as a win.
+PARTIAL_CREDIT_SCALE = 0.5
 # The reward of an episode one of whose steps ran past its deadline.
 DEFAULT_TIMEOUT_PENALTY = -0.5
 # Episode seeds are drawn uniformly from range(EPISODE_SEED_SPACE): by the self-play loop for

@@ -24,7 +24,10 @@ A subclass writes only the task and its tools:
 The base keeps the turn count, appends the tool list and the call format to the
 first observation, parses each action, dispatches ``<tool_call>`` to
 ``tool_<name>`` and scores ``<answer>`` with ``check_answer`` (normalised string
-equality with ``self.expected_answer`` unless overridden).
+equality with ``self.expected_answer`` unless overridden). A wrong answer scores 0,
+or, for an environment made with ``partial_credit=True``, ``PARTIAL_CREDIT_SCALE``
+times ``closeness(answer)`` (a subclass that can grade how near an answer is
+overrides it; the default grades nothing).
 
 Standard library only: this runs inside sandbox workers.
 """
@@ -35,7 +38,7 @@ import functools
 import json
 import re
 
-from spade_jax.envs.contract import SUCCESS_REWARD
+from spade_jax.envs.contract import PARTIAL_CREDIT_SCALE, SUCCESS_REWARD
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # a tool-call block in an action
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -74,8 +77,9 @@ class ToolUseEnv:
     tools: list[dict] = []
     expected_answer: str = ""
 
-    def __init__(self, max_turns: int = 10, **kwargs):
+    def __init__(self, max_turns: int = 10, partial_credit: bool = False, **kwargs):
         self.max_turns = max_turns
+        self.partial_credit = partial_credit
         self.turn = 0
         self.done = False
 
@@ -91,6 +95,10 @@ class ToolUseEnv:
     def check_answer(self, answer: str) -> bool:
         return normalize_answer(answer) == normalize_answer(self.expected_answer)
 
+    def closeness(self, answer: str) -> float:
+        """How near a wrong answer is, in [0, 1]; scored only with ``partial_credit``."""
+        return 0.0
+
     def step(self, action: str):
         if self.done:
             return "The episode is over.", 0.0, True, False, {"error": "episode over"}
@@ -100,7 +108,10 @@ class ToolUseEnv:
         call = TOOL_CALL.search(action or "")
         if answer and (not call or answer.start() < call.start()):
             correct = bool(self.check_answer(answer.group(1)))
-            reward = SUCCESS_REWARD if correct else 0.0
+            if correct:
+                reward = SUCCESS_REWARD
+            elif self.partial_credit:
+                reward = PARTIAL_CREDIT_SCALE * min(1.0, max(0.0, float(self.closeness(answer.group(1)))))
             terminated = True
             observation = "Correct." if correct else "Incorrect."
             info["correct"] = correct

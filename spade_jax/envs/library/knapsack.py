@@ -6,7 +6,7 @@ Skill: optimization. Kind: game (one answer).
 import itertools
 import random
 
-from spade_jax.envs import SUCCESS_REWARD, extract_boxed
+from spade_jax.envs import PARTIAL_CREDIT_SCALE, SUCCESS_REWARD, extract_boxed
 
 NUM_ITEMS = 4  # allowed: 3..7, items to choose from
 MAX_WEIGHT = 5  # allowed: 2..9, heaviest item in kg
@@ -19,11 +19,12 @@ class KnapsackEnv:
 
     DIFFICULTY_LEVELS = "easy", "medium", "hard"
 
-    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+    def __init__(self, max_turns=3, difficulty=None, partial_credit=False, **kwargs):
         global NUM_ITEMS, MAX_WEIGHT, MAX_VALUE
         if difficulty is not None:
             NUM_ITEMS, MAX_WEIGHT, MAX_VALUE = LEVELS[difficulty]
         self.max_turns = max_turns
+        self.partial_credit = partial_credit
 
     def reset(self, seed=None):
         rng = random.Random(seed)
@@ -58,7 +59,8 @@ class KnapsackEnv:
             return self._result(f"Too heavy: {weight} kg.", 0.0, True)
         if value == self.best_value:
             return self._result(f"Correct! Worth {value} is the best possible.", SUCCESS_REWARD, True)
-        return self._result(f"Worth {value}, but {self.best_value} was possible.", 0.0, True)
+        reward = PARTIAL_CREDIT_SCALE * value / self.best_value if self.partial_credit else 0.0
+        return self._result(f"Worth {value}, but {self.best_value} was possible.", reward, True)
 
     def solution(self):
         return f"\\boxed{{{self.best}}}"

@@ -55,6 +55,12 @@ class NearestCityEnv(ToolUseEnv):
             return f"Unknown city {city!r}. Candidates: {', '.join(self.cities)}."
         return f"{name} is at {self.positions[name]}."
 
+    def closeness(self, answer):
+        name = answer.strip().title()
+        if name not in self.positions:
+            return 0.0
+        return (self._distance(self.expected_answer) + 1) / (self._distance(name) + 1)
+
     def solution(self):
         lines = [_tool_call("locate", city=city) for city in self.cities]
         lines.append(f"<answer>{self.expected_answer}</answer>")

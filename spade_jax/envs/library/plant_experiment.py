@@ -57,6 +57,10 @@ class PlantExperimentEnv(ToolUseEnv):
     def check_answer(self, answer):
         return sorted(name.strip().lower() for name in answer.split(",") if name.strip()) == self.causes
 
+    def closeness(self, answer):
+        given = {name.strip().lower() for name in answer.split(",") if name.strip()}
+        return len(given & set(self.causes)) / len(given | set(self.causes))
+
     def solution(self):
         lines = [_tool_call("experiment", factors=", ".join(f for f in self.factors if f != left_out))
                  for left_out in self.factors]

@@ -5,7 +5,7 @@ Skill: pattern recognition. Kind: game (one answer).
 
 import random
 
-from spade_jax.envs import SUCCESS_REWARD, extract_boxed
+from spade_jax.envs import PARTIAL_CREDIT_SCALE, SUCCESS_REWARD, extract_boxed
 
 PERIOD = 3  # allowed: 2..5, length of the repeating block
 NUM_SYMBOLS = 3  # allowed: 2..6, distinct letters the block may use
@@ -18,11 +18,12 @@ class RepeatPatternEnv:
 
     DIFFICULTY_LEVELS = "easy", "medium", "hard"
 
-    def __init__(self, max_turns=3, difficulty=None, **kwargs):
+    def __init__(self, max_turns=3, difficulty=None, partial_credit=False, **kwargs):
         global PERIOD, NUM_SYMBOLS, ANSWER_LENGTH
         if difficulty is not None:
             PERIOD, NUM_SYMBOLS, ANSWER_LENGTH = LEVELS[difficulty]
         self.max_turns = max_turns
+        self.partial_credit = partial_credit
 
     def reset(self, seed=None):
         rng = random.Random(seed)
@@ -50,7 +51,9 @@ class RepeatPatternEnv:
             return self._result("Invalid action. Reply with letters in \\boxed{}, e.g. \\boxed{A B}.")
         if letters == self.answer:
             return self._result("Correct!", SUCCESS_REWARD, True)
-        return self._result("Wrong answer.", 0.0, True)
+        right = sum(given == letter for given, letter in zip(letters, self.answer))
+        reward = PARTIAL_CREDIT_SCALE * right / max(len(letters), ANSWER_LENGTH) if self.partial_credit else 0.0
+        return self._result("Wrong answer.", reward, True)
 
     def solution(self):
         return f"\\boxed{{{' '.join(self.answer)}}}"

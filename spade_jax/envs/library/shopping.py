@@ -48,6 +48,14 @@ class ShoppingEnv(ToolUseEnv):
             return f"Unknown item {item!r}."
         return f"One {name} costs {self.prices[name]} coins."
 
+    def closeness(self, answer):
+        try:
+            given = int(answer.strip())
+        except ValueError:
+            return 0.0
+        expected = int(self.expected_answer)
+        return max(0.0, 1.0 - abs(given - expected) / expected)
+
     def solution(self):
         lines = [_tool_call("price", item=item) for item in self.basket]
         lines.append(f"<answer>{self.expected_answer}</answer>")

@@ -53,6 +53,12 @@ class TallestEnv(ToolUseEnv):
         taller, shorter = (a, b) if self.heights[a] > self.heights[b] else (b, a)
         return f"{taller} is taller than {shorter}."
 
+    def closeness(self, answer):
+        name = answer.strip().title()
+        if name not in self.heights:
+            return 0.0
+        return sum(self.heights[name] > height for height in self.heights.values()) / (NUM_PEOPLE - 1)
+
     def solution(self):
         lines, leader = [], self.people[0]
         for person in self.people[1:]:
