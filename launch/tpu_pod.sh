@@ -22,9 +22,10 @@ options (--opt=value or --opt value):
   --version V            the TPU VM software version (default tpu-ubuntu2204-base)
   --project P            the gcloud project (default: gcloud's configured project)
   --spot                 create a Spot VM
-  --stack S              latest (requirements.txt, jax 0.12, the workers' python3.12) or
-                         pinned (requirements-pinned.txt, jax 0.10.2, the workers' python3)
-                         (default latest)
+  --stack S              latest (requirements.txt, jax 0.12, python3.12) or pinned
+                         (requirements-pinned.txt, jax 0.10.2, python3.11) (default latest);
+                         a worker without that python and its venv module gets them from
+                         apt (the deadsnakes PPA: Ubuntu 22.04 images ship 3.10)
   --model_bucket URL     copied to ~/model on every worker and passed as
                          --config.model.path (default none)
   --workdir DIR          the job's --workdir (default ~/spade_runs/<name> on the workers'
@@ -67,7 +68,7 @@ done
 [[ -n "$name" && -n "$zone" && -n "$accelerator" ]] || {
   echo "tpu_pod.sh: --name, --zone and --accelerator are required (see --help)" >&2; exit 2; }
 case "$stack" in
-  pinned) suffix="-pinned" worker_python=python3 ;;
+  pinned) suffix="-pinned" worker_python=python3.11 ;;
   latest) suffix="" worker_python=python3.12 ;;
   *) echo "tpu_pod.sh: --stack must be pinned or latest (got $stack)" >&2; exit 2 ;;
 esac
@@ -92,6 +93,8 @@ run tar -czf "$bundle" -C "$root" --exclude='.venv*' --exclude=.git --exclude='w
 run "${gc[@]}" scp "$bundle" "$name:~/spade_jax.tar.gz" "${scope[@]}" --worker=all
 
 setup='set -e; mkdir -p ~/spade_jax && tar -xzf ~/spade_jax.tar.gz -C ~/spade_jax && cd ~/spade_jax'
+setup+=" && { $worker_python -c 'import ensurepip' 2>/dev/null || { sudo add-apt-repository -y ppa:deadsnakes/ppa"
+setup+=" && sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $worker_python-venv; }; }"
 setup+=" && $worker_python -m venv .venv && .venv/bin/pip install -q -U pip"
 setup+=" && .venv/bin/pip install -q -r requirements$suffix.txt 'jax[tpu]==$jax_version'"
 setup+=" && .venv/bin/pip install -q --no-deps -r requirements-nodeps$suffix.txt && .venv/bin/pip install -q --no-deps -e ."
