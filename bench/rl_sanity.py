@@ -24,8 +24,10 @@ loop's `_update` does; advantages centred over each program's plays as in self-p
 `partial_credit=True`: `PARTIAL_CREDIT_SCALE` times its closeness, never a win), so a group
 without wins still has reward differences to centre; the evaluations stay on wins, unchanged.
 
-Writes `DIR/rung<N>.json` (every curve and evaluation), `DIR/rung<N>.md` (the tables, the bar's
-verdict) and `DIR/rung<N>.png`. Seconds per update and episodes per minute are recorded.
+Writes `DIR/rung<N>.json` (every curve and evaluation, after each arm), `DIR/rung<N>.md` (the
+tables, rung 1's per-family win rates, the bar's verdict) and `DIR/rung<N>.png`. Seconds per update
+and episodes per minute are recorded. `--report_only` writes the report of the arms a stopped run
+finished, from its json, without playing.
 """
 
 from __future__ import annotations
@@ -109,6 +111,15 @@ class Setup:
     programs: dict[str, str]
     pool: SandboxPool
     load: str
+
+
+def family_rates(evaluation: dict, kind: str = "sampled") -> dict[str, float]:
+    """Win rate per program of one evaluation (``{kind: [won], "programs": [name]}``), in the order
+    the programs first appear."""
+    wins: dict[str, list[bool]] = {}
+    for name, won in zip(evaluation["programs"], evaluation[kind]):
+        wins.setdefault(name, []).append(bool(won))
+    return {name: float(np.mean(won)) for name, won in wins.items()}
 
 
 def _setup(args, pool) -> Setup:
@@ -253,6 +264,13 @@ def _verdict(records: list[dict], args) -> tuple[list[str], bool]:
                     met &= p < 0.05 and a.mean() > b.mean()
             lines.append(f"| {r['seed']} | {r['lr']:g} | " + " | ".join(cells) + " |")
         met &= bool(gains) and float(np.mean(gains)) >= 0.10
+        names = list(family_rates(records[0]["before"]))
+        lines += ["", "Sampled win rate per family, before → after:", "",
+                  "| seed | lr | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
+        for r in records:
+            before, after = family_rates(r["before"]), family_rates(r["after"])
+            lines.append(f"| {r['seed']} | {r['lr']:g} | "
+                         + " | ".join(f"{before[n]:.2f} → {after[n]:.2f}" for n in names) + " |")
         lines += ["", "Training win rate, block means ± s.e. (blocks of "
                   f"{args.block} updates):", ""]
         for r in trained + controls:
@@ -293,7 +311,7 @@ def _plot(records: list[dict], args, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rung", type=int, choices=(0, 1), required=True)
-    parser.add_argument("--load", required=True, help="a finished tiny bootstrap directory (bootstrap-<key>)")
+    parser.add_argument("--load", default="", help="a finished tiny bootstrap directory (bootstrap-<key>)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--updates", type=int, default=None, help="default: 15 (rung 0), 40 (rung 1)")
@@ -311,22 +329,35 @@ def main() -> None:
     parser.add_argument("--no_control", action="store_true", help="skip the learning-rate-0 arms")
     parser.add_argument("--partial_credit", action="store_true",
                         help="training plays score a wrong answer's closeness (the library's partial_credit=True)")
+    parser.add_argument("--report_only", action="store_true",
+                        help="write the report of the arms already in OUT/rung<N>.json (a stopped run) and play nothing")
     args = parser.parse_args()
     args.updates = args.updates or (15 if args.rung == 0 else 40)
     args.out.mkdir(parents=True, exist_ok=True)
-    records = []
-    with SandboxPool(SandboxConfig(num_workers=2)) as pool:
-        setup = _setup(args, pool)
-        lr = args.lr if args.lr is not None else float(setup.config.rl.lr)
-        for seed in (int(s) for s in args.seeds.split(",")):
-            for arm_lr in (lr,) if args.no_control else (lr, 0.0):
-                records.append(_arm(setup, seed, arm_lr, args))
-                (args.out / f"rung{args.rung}.json").write_text(json.dumps(records))
+    saved = args.out / f"rung{args.rung}.json"
+    if args.report_only:
+        if not saved.exists():
+            raise SystemExit(f"--report_only: {saved} does not exist")
+        records = [r for r in json.loads(saved.read_text()) if "after" in r]
+        if not records:
+            raise SystemExit(f"--report_only: {saved} has no finished arm")
+        lr = max(r["lr"] for r in records)
+    else:
+        if not args.load:
+            raise SystemExit("--load is required (a finished tiny bootstrap directory)")
+        records = []
+        with SandboxPool(SandboxConfig(num_workers=2)) as pool:
+            setup = _setup(args, pool)
+            lr = args.lr if args.lr is not None else float(setup.config.rl.lr)
+            for seed in (int(s) for s in args.seeds.split(",")):
+                for arm_lr in (lr,) if args.no_control else (lr, 0.0):
+                    records.append(_arm(setup, seed, arm_lr, args))
+                    saved.write_text(json.dumps(records))
     lines, met = _verdict(records, args)
     report = [f"# Rung {args.rung}", "", f"`python bench/rl_sanity.py --rung {args.rung} --load {args.load} "
               f"--seeds {args.seeds} --updates {args.updates} --plays {args.plays} --eval_plays {args.eval_plays} "
               f"--lr {lr:g} --allocate {args.allocate} --min_plays {args.min_plays} --window {args.window}"
-              f"{' --partial_credit' if args.partial_credit else ''}`",
+              f"{' --partial_credit' if args.partial_credit else ''}{' --report_only' if args.report_only else ''}`",
               "", *lines, "", f"**Bar {'met' if met else 'not met'}.**"]
     (args.out / f"rung{args.rung}.md").write_text("\n".join(report) + "\n")
     _plot(records, args, args.out / f"rung{args.rung}.png")
