@@ -346,6 +346,10 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
                          f"{np.mean(before['admitted']):.2f} → {np.mean(after['admitted']):.2f} | "
                          f"{_fmt(after.get('run_admission'))} | {_quantiles(rates)} | "
                          f"{_in_band(before['win_rate'])} → {_in_band(after['win_rate'])} |")
+    unchanged = [seed for seed, record in records.items() if record["frozen"]["reward"] == record["initial"]["reward"]]
+    if unchanged:
+        lines += ["", f"The control trains nothing: on seed(s) {', '.join(map(str, unchanged))} its final designs "
+                  "score exactly as the initial policy's, so there \"vs control after\" is \"vs before\"."]
     lines += ["", "Sample of admitted programs the trained designer wrote at the end (first 3 admitted, "
               "first 15 lines):", ""]
     for seed, record in records.items():

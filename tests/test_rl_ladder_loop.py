@@ -60,6 +60,10 @@ def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitte
     assert "-0.383 → 0.650 | 0.0312 | 0.0312 (-0.383 → 0.650)" in spade_row
     assert next(line for line in lines if line.startswith("| 0 | frozen |")).split(" | ")[3] == "1"
     assert met and "def solve():" in "\n".join(lines)
+    assert any(line.startswith("The control trains nothing: on seed(s) 0 ") for line in lines)
+    records[0]["frozen"] = _designs([-1.0] * 6)
+    assert not any(line.startswith("The control trains nothing") for line in ladder.rung2_report(records)[0])
+    records[0]["frozen"] = _designs(initial)
 
     records[0]["spade"] = _designs(trained, admitted=[True, True, False, False, False, False])
     assert not ladder.rung2_report(records)[1]  # a third admitted
