@@ -116,10 +116,7 @@ class Setup:
 def family_rates(evaluation: dict, kind: str = "sampled") -> dict[str, float]:
     """Win rate per program of one evaluation (``{kind: [won], "programs": [name]}``), in the order
     the programs first appear."""
-    wins: dict[str, list[bool]] = {}
-    for name, won in zip(evaluation["programs"], evaluation[kind]):
-        wins.setdefault(name, []).append(bool(won))
-    return {name: float(np.mean(won)) for name, won in wins.items()}
+    return _by_program(evaluation["programs"], evaluation[kind])
 
 
 def _setup(args, pool) -> Setup:

@@ -56,7 +56,7 @@ def test_family_rates_per_program_in_order_of_appearance(rl_sanity):
     assert list(rates) == ["b", "a"] and rates == {"b": pytest.approx(2 / 3), "a": 0.5}
 
 
-def test_rung1_report_from_a_stopped_runs_json(rl_sanity, tmp_path, monkeypatch, capsys):
+def test_rung1_report_from_a_stopped_runs_json(rl_sanity, tmp_path, monkeypatch):
     # One finished arm (seed 0) and one stopped before its final evaluation (seed 1, no "after"):
     # the report covers seed 0 alone. a: 0/2 -> 2/2, b: 1/2 -> 1/2; 2 discordant pairs, p = 0.5.
     programs = ["a", "a", "b", "b"]
