@@ -8,8 +8,8 @@ Both run their arms with `bench/learning_study.py` (each run the main job, resum
 run is skipped, an unfinished one resumes from its checkpoint), then score checkpoints; every
 score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only does what is missing.
 
-- **rung 2, designer RL with a frozen agent**: the preset with the agent's loss weight 0, a design
-  every iteration scored in its own iteration by the blend reward, ``--slots`` designs over
+- **rung 2, designer RL with a frozen agent**: the preset with the agent's loss weight 0 (its plays
+  are not packed, so the designer's "auto" reward scale is x1), a design every iteration scored in its own iteration by the blend reward, ``--slots`` designs over
   ``--slots / --per_skill`` skills (so per-skill centring has groups of ``--per_skill``), every
   rejected design trained on the failure penalty; arm ``spade`` trains the designer, arm ``frozen``
   (`designer.train=False`) has the same prompts' seeds and trains nothing. Measured on ``--prompts``

@@ -59,6 +59,23 @@ def test_agent_metrics_and_sequences():
                                    weight=1.0) == []
 
 
+def test_a_frozen_role_packs_nothing_and_leaves_the_designer_scale_at_one():
+    trajectories = [_trajectory(0, 1, 1.0, False), _trajectory(0, 2, 0.0, False)]
+    stats = scoring.env_statistics([_env("a", [(1, 1.0), (2, 0.0)], [])])
+    frozen = scoring.agent_sequences(trajectories, stats, train_hinted=False, regret_weighting=False,
+                                     regret_temperature=1.0, weight=0.0)
+    assert frozen == []
+    due = [_pending("a"), _pending(None, stage="feasibility")]
+    (a,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
+    auto = DesignerRewardConfig(rejected="penalty")
+    # "auto" reads the agent sequences that train: none -> x1, 6 over 2 designs -> x3
+    assert scoring.designer_scores(due, {"a": a}, auto, weight=1.0, n_agent_sequences=len(frozen)).scale == 1.0
+    assert scoring.designer_scores(due, {"a": a}, auto, weight=1.0, n_agent_sequences=6).scale == 3.0
+    unweighted = scoring.designer_scores(due, {"a": a}, auto, weight=0.0)
+    np.testing.assert_allclose(unweighted.rewards, [0.4, -1.0])
+    assert unweighted.sequences == []
+
+
 def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
     due = [_pending("a"), _pending(None, stage="feasibility"), _pending("gone", skill="optimization")]

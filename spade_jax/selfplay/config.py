@@ -203,6 +203,7 @@ def base_config() -> ml_collections.ConfigDict:
     )
     c.rl = section(OptimConfig)
     c.rl.update(section(LossConfig, exclude=("objective",)))
+    # A role's loss weight; 0 freezes it (its sequences are not packed, see `scoring`).
     c.rl.update(dict(designer_weight=1.0, agent_weight=1.0, row_length=4096, updates_per_iteration=1))
 
     # Held-out evaluation (`spade_jax.evals`): which suites, how often; per-suite sampling in

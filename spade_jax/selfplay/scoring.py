@@ -100,8 +100,10 @@ def agent_sequences(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.
                     weight: float) -> list[TrainSequence]:
     """The agent's training sequences: advantages centred over each environment's plays
     (`advantages.agent_advantages`), times ``weight`` and, with ``regret_weighting``, the
-    environment's regret-rank weight. ``stats[k]`` belongs to ``request.env_key == k``."""
-    if not trajectories:
+    environment's regret-rank weight. ``stats[k]`` belongs to ``request.env_key == k``.
+    ``weight`` 0 (a frozen agent) gives none: its sequences would train nothing, only add to
+    the token count the loss divides by and to the designer's "auto" reward scale."""
+    if not trajectories or weight == 0:
         return []
     result = adv_lib.agent_advantages(
         [t.reward for t in trajectories],
@@ -148,7 +150,7 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     kind applies it when its id is in ``timed_out``. ``delayed``: scored under a reward
     delay. Kind "learning_potential" first updates ``skill_averages`` with the due samples'
     plays and measures each sample against its skill's slow average; other kinds pass the
-    averages through unchanged."""
+    averages through unchanged. ``weight`` 0 gives rewards and no training sequences."""
     averages = dict(skill_averages or {})
     if cfg.rejected == "drop":
         due = [p for p in due if p.env_id]
@@ -168,7 +170,7 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     sequences = []
     for p, a in zip(due, advantages):
         tokens, mask, logprobs = p.sequence_arrays()
-        if mask.any():
+        if mask.any() and weight != 0:
             sequences.append(TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=weight, role="designer"))
     by_env_id = {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
     return DesignerScores(np.asarray(rewards), sequences, by_env_id, scale, averages)
