@@ -9,9 +9,10 @@ run is skipped, an unfinished one resumes from its checkpoint), then score check
 score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only does what is missing.
 
 - **rung 2, designer RL with a frozen agent**: the preset with the agent's loss weight 0 (its plays
-  are not packed, so the designer's "auto" reward scale is x1), a design every iteration scored in its own iteration by the blend reward, ``--slots`` designs over
-  ``--slots / --per_skill`` skills (so per-skill centring has groups of ``--per_skill``), every
-  rejected design trained on the failure penalty; arm ``spade`` trains the designer, arm ``frozen``
+  are not packed, so the designer's "auto" reward scale is x1), a design every iteration scored
+  in its own iteration by the blend reward, ``--slots`` designs over ``--slots / --per_skill``
+  skills (so per-skill centring has groups of ``--per_skill``), every rejected design trained on
+  the failure penalty; arm ``spade`` trains the designer, arm ``frozen``
   (`designer.train=False`) has the same prompts' seeds and trains nothing. Measured on ``--prompts``
   fresh designer prompts (slots, documents and exemplars drawn from seeds no training iteration
   uses, the initial memory): the initial and each arm's final checkpoint write one design per
@@ -24,8 +25,9 @@ score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only d
   designs are admitted.
 - **rung 3, the whole loop**: arms spade, fixed_pool, frozen, resample, placebo of the study at equal
   agent tokens; each final checkpoint plays ``--eval_plays`` fresh seeds of every trained family
-  (`BootstrapConfig().envs`), as does the initial policy, on the same seeds and sampling streams
-  (sampled at the agent's temperature). Paired by seed, exact McNemar. The held-out score is what
+  (`BootstrapConfig().envs`) at each level it declares, as does the initial policy, on the same
+  seeds and sampling streams (sampled at the agent's temperature). Paired by (family, level, seed),
+  exact McNemar. The held-out score is what
   the runs record (`eval.suites`, greedy) at their end and the initial policy's. Bar: on every seed
   spade's final policy beats the initial one and every control arm's final policy on the trained
   families with p < 0.05. The held-out score is reported, not part of the bar (its items are not
@@ -421,17 +423,36 @@ def family_seeds(seed: int, plays: int) -> dict[str, list[int]]:
             for name in BootstrapConfig().envs}
 
 
+def family_levels(name: str) -> tuple:
+    """The difficulty levels seed program ``name`` declares, easiest first; (None,) (its default
+    constants) when it declares none."""
+    from spade_jax.envs import library
+    from spade_jax.sandbox.policy import difficulty_levels
+
+    return difficulty_levels(library.load_source(name)) or (None,)
+
+
 def play_families(policy, config, seeds: dict[str, list[int]], stream: int, pool) -> dict:
-    """Plain plays of each family on its seeds (one sampling stream); wins by (family, seed)."""
+    """Plain plays of each family at each of its declared levels on its seeds (one sampling
+    stream); wins by item ``family/level/seed``."""
     from spade_jax.agent.rollout import EpisodeRequest, play_episodes
     from spade_jax.envs import library
     from spade_jax.selfplay import config as config_lib
 
-    items = [(name, s) for name, family in seeds.items() for s in family]
+    items = [(name, level, s) for name, family in seeds.items() for level in family_levels(name) for s in family]
     names = list(seeds)
-    requests = [EpisodeRequest(names.index(n), library.load_source(n), int(s)) for n, s in items]
+    requests = [EpisodeRequest(names.index(n), library.load_source(n), int(s),
+                               env_kwargs={} if level is None else {"difficulty": level}) for n, level, s in items]
     trajectories = play_episodes(policy, pool, requests, config_lib.agent_config(config), seed=stream)
-    return {"items": [f"{n}/{s}" for n, s in items], "won": [bool(t.won) for t in trajectories]}
+    return {"items": [f"{n}/{level}/{s}" for n, level, s in items], "won": [bool(t.won) for t in trajectories]}
+
+
+def level_rates(record: dict) -> str:
+    """A scored set's win rate per level (items ``family/level/seed``), levels in first-seen order."""
+    by_level = {}
+    for item, won in zip(record["items"], record["won"]):
+        by_level.setdefault(item.split("/")[1], []).append(won)
+    return " / ".join(f"{np.mean(wins):.2f}" for wins in by_level.values())
 
 
 def rung3(args) -> dict:
@@ -448,14 +469,15 @@ def rung3(args) -> dict:
             with SandboxPool(config_lib.sandbox_config(config)) as pool:
                 initial = load_policy(config, args.study_dir / args.arms[0] / f"seed{seed}", "none")
                 record = {"initial": cached(
-                    args.study_dir / "ladder" / f"rung3-initial-seed{seed}-n{args.eval_plays}.json",
+                    args.study_dir / "ladder" / f"rung3-initial-seed{seed}-n{args.eval_plays}-levels.json",
                     lambda: play_families(initial, config, seeds, stream, pool))}
                 bar.update()
                 for arm in args.arms:
                     workdir = args.study_dir / arm / f"seed{seed}"
                     step = latest_step(workdir)
                     arm_config = run_config(sargs, arm, seed)
-                    path = args.study_dir / "ladder" / f"rung3-{arm}-seed{seed}-step{step}-n{args.eval_plays}.json"
+                    name = f"rung3-{arm}-seed{seed}-step{step}-n{args.eval_plays}-levels.json"
+                    path = args.study_dir / "ladder" / name
                     record[arm] = cached(path, lambda: play_families(
                         load_policy(arm_config, workdir, str(step)), arm_config, seeds, stream, pool))
                     record[arm].update(step=step, **run_summary(workdir))
@@ -474,15 +496,16 @@ def run_summary(workdir: Path) -> dict:
 
 
 def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
-    """One table per arm: per seed the trained families' win rate initial -> final (McNemar), final
-    against spade's final (McNemar), held-out score initial -> end; and whether the bar is met."""
+    """One table per arm: per seed the trained families' win rate initial -> final (McNemar, over
+    every level), per level, final against spade's final (McNemar), held-out score initial -> end;
+    and whether the bar is met."""
     records, initial_heldout, budget = result["records"], result["initial_heldout"], result["agent_token_budget"]
     met = bool(records) and "spade" in arms
     lines = []
     for arm in arms:
         lines += ["", f"**{arm}**", "", "| seed | trained families initial → final | p (McNemar, vs initial) | "
-                  "p (McNemar, vs spade final) | held-out initial → end | agent tokens | iterations |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "by level, initial → final | p (McNemar, vs spade final) | held-out initial → end | "
+                  "agent tokens | iterations |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for seed, record in records.items():
             b, a = paired(record["initial"], record[arm], "won")
             p_initial = sanity.mcnemar_p(b.astype(bool), a.astype(bool))
@@ -494,7 +517,8 @@ def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
                 p_spade = sanity.mcnemar_p(c.astype(bool), s.astype(bool))
                 vs_spade = f"{p_spade:.3g} ({a.mean():.3f} vs {s.mean():.3f})"
                 met &= p_spade < 0.05 and s.mean() > c.mean()
-            lines.append(f"| {seed} | {b.mean():.3f} → {a.mean():.3f} | {p_initial:.3g} | {vs_spade} | "
+            levels = f"{level_rates(record['initial'])} → {level_rates(record[arm])}"
+            lines.append(f"| {seed} | {b.mean():.3f} → {a.mean():.3f} | {p_initial:.3g} | {levels} | {vs_spade} | "
                          f"{_fmt(initial_heldout)} → {_fmt(record[arm]['heldout'])} | "
                          f"{_tokens(record[arm]['agent_tokens'], budget)} | {record[arm]['iterations']} |")
     return lines, met

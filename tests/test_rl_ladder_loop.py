@@ -74,8 +74,8 @@ def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitte
 
 
 def _plays(won, **extra):
-    return {"items": [f"p/{i}" for i in range(len(won))], "won": won, "heldout": 0.25, "agent_tokens": 100,
-            "iterations": 2, **extra}
+    items = [f"f/{('easy', 'hard')[i % 2]}/{i}" for i in range(len(won))]  # family/level/seed
+    return {"items": items, "won": won, "heldout": 0.25, "agent_tokens": 100, "iterations": 2, **extra}
 
 
 def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder):
@@ -86,8 +86,9 @@ def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder
     result = {"records": records, "initial_heldout": 0.1, "agent_token_budget": 100}
     lines, met = ladder.rung3_report(result, ["spade", "frozen"])
     rows = [line for line in lines if line.startswith("| 0 |")]
-    assert rows[0] == "| 0 | 0.000 → 0.875 | 0.0156 | – | 0.100 → 0.250 | 100 | 2 |"
-    assert rows[1].startswith("| 0 | 0.000 → 0.000 | 1 | 0.0156 (0.000 vs 0.875) | 0.100 → 0.250 | 60 (budget")
+    assert rows[0] == "| 0 | 0.000 → 0.875 | 0.0156 | 0.00 / 0.00 → 1.00 / 0.75 | – | 0.100 → 0.250 | 100 | 2 |"
+    assert rows[1].startswith("| 0 | 0.000 → 0.000 | 1 | 0.00 / 0.00 → 0.00 / 0.00 | 0.0156 (0.000 vs 0.875) | "
+                              "0.100 → 0.250 | 60 (budget")
     assert met
     records[0]["frozen"] = _plays(spade)
     assert not ladder.rung3_report(result, ["spade", "frozen"])[1]
@@ -122,7 +123,9 @@ def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, la
     result = json.loads((tmp_path / "r3" / "rung3.json").read_text())
     record = result["result"]["records"]["0"]
     assert record["initial"]["items"] == record["spade"]["items"] == record["frozen"]["items"]
-    assert len(record["spade"]["won"]) == len(BootstrapConfig().envs)  # one fresh seed of each trained family
+    # one fresh seed of each trained family at each of its levels
+    assert len(record["spade"]["won"]) == sum(len(ladder.family_levels(n)) for n in BootstrapConfig().envs) > 6
+    assert {item.split("/")[1] for item in record["spade"]["items"]} == {"easy", "medium", "hard"}
     text = (tmp_path / "r3" / "rung3.md").read_text()
     assert "**spade**" in text and "**frozen**" in text and "p (McNemar, vs spade final)" in text
     assert (tmp_path / "r3" / "rung3.png").stat().st_size
