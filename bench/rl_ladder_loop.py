@@ -27,11 +27,10 @@ score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only d
   agent tokens; each final checkpoint plays ``--eval_plays`` fresh seeds of every trained family
   (`BootstrapConfig().envs`) at each level it declares, as does the initial policy, on the same
   seeds and sampling streams (sampled at the agent's temperature). Paired by (family, level, seed),
-  exact McNemar. The held-out score is what
-  the runs record (`eval.suites`, greedy) at their end and the initial policy's. Bar: on every seed
-  spade's final policy beats the initial one and every control arm's final policy on the trained
-  families with p < 0.05. The held-out score is reported, not part of the bar (its items are not
-  paired here).
+  exact McNemar. The held-out score is what the runs record (`eval.suites`, greedy) at their end
+  and the initial policy's. Bar: on every seed spade's final policy beats the initial one and
+  every control arm's final policy on the trained families with p < 0.05. The held-out score is
+  reported, not part of the bar (its items are not paired here).
 
 Writes ``OUT/rung<N>.json`` (every paired item), ``OUT/rung<N>.md`` (tables, the bar's verdict) and
 ``OUT/rung<N>.png``; ``--out`` defaults to ``DIR``.
@@ -449,10 +448,8 @@ def play_families(policy, config, seeds: dict[str, list[int]], stream: int, pool
 
 def level_rates(record: dict) -> str:
     """A scored set's win rate per level (items ``family/level/seed``), levels in first-seen order."""
-    by_level = {}
-    for item, won in zip(record["items"], record["won"]):
-        by_level.setdefault(item.split("/")[1], []).append(won)
-    return " / ".join(f"{np.mean(wins):.2f}" for wins in by_level.values())
+    rates = sanity._by_program([item.split("/")[1] for item in record["items"]], record["won"])
+    return " / ".join(f"{rate:.2f}" for rate in rates.values())
 
 
 def rung3(args) -> dict:
