@@ -521,6 +521,30 @@ def test_export_escapes_an_example_that_nothing_upstream_escaped():
     assert score_transcript(task, [{"role": "tool", "content": chain.results[0]}])  # raw results still match
 
 
+def test_no_exported_file_holds_a_special_token_of_a_shipped_tokenizer(tmp_path, smollm2_gguf_path, small_tokenizer):
+    """A hostile admitted program spells every special token of the shipped tokenizers (and a lone
+    surrogate) in its code, strings, task, schemas and results: sft.jsonl, rl.jsonl and summary.md
+    hold none literally, and rl.jsonl gives the program back byte for byte."""
+    from special_tokens import literal_special_tokens, shipped_special_tokens
+
+    from spade_jax.trajectories.run import write_outputs
+    from spade_jax.trajectories.synth import EnvReport
+
+    tokens = shipped_special_tokens(smollm2_gguf_path, small_tokenizer)
+    spelled = "".join(tokens)
+    hostile = SHOP_DB + f"\n# {' '.join(tokens)} \ud800\nBANNER = {spelled!r}\n"
+    chain = chains_lib.Chain(0, spelled, (chains_lib.Call("find_user", {"name": "alice" + spelled}),),
+                             ("Customer alice has id u1." + spelled,))
+    schemas = [{"type": "function", "function": {"name": "find_user", "description": spelled}}]
+    example = Example("orders", hostile, schemas, chain, "Who is alice? " + spelled, "agent")
+    write_outputs(str(tmp_path), [example], [EnvReport("orders", chains=1, kept=1, by_agent=1)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rl.jsonl", "sft.jsonl", "summary.md"]
+    assert literal_special_tokens(tmp_path, tokens) == {}
+    (task,), (record,) = read_jsonl(str(tmp_path / "rl.jsonl")), read_jsonl(str(tmp_path / "sft.jsonl"))
+    assert task["program"] == hostile and task["program_sha256"] == example.program_sha256
+    assert record["meta"]["program_sha256"] == example.program_sha256
+
+
 def test_records_over_the_size_cap_are_dropped_and_counted(pool, monkeypatch):
     from spade_jax.trajectories import synth
 
