@@ -39,7 +39,8 @@ LAYERS = (
     ("roles", ("spade_jax.agent", "spade_jax.designer")),
     ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),
     ("run", ("spade_jax.selfplay",)),
-    ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo", "spade_jax.export", "spade_jax.serve")),
+    ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo", "spade_jax.export", "spade_jax.serve",
+               "spade_jax.envpack")),
 )
 
 
