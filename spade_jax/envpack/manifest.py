@@ -111,12 +111,7 @@ class Manifest:
     @classmethod
     def read(cls, root: Path) -> "Manifest":
         path = Path(root) / MANIFEST_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as err:
-            raise PackError(f"cannot read the pack manifest {path}: {err.strerror or err}") from None
-        except json.JSONDecodeError as err:
-            raise PackError(f"the pack manifest {path} is not JSON: {err}") from None
+        data = _read_json(path, "the pack manifest")
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PackError(f"{path} is not a format-{FORMAT} pack manifest (made by another spade_jax version?)")
         envs = tuple(PackedEnv.from_json(e) for e in data.get("environments") or ())
@@ -125,15 +120,19 @@ class Manifest:
                    spade_jax=str(data.get("spade_jax", "")))
 
 
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise PackError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise PackError(f"{what} {path} is not JSON: {err}") from None
+
+
 def read_program(root: Path, env: PackedEnv) -> str:
     """The program of ``env``, checked against its manifest hash."""
     path = Path(root) / env.program
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise PackError(f"cannot read the program of {env.env_id} ({path}): {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise PackError(f"the program file {path} is not JSON: {err}") from None
+    data = _read_json(path, f"the program file of {env.env_id}")
     source = data.get("source") if isinstance(data, dict) else None
     if not isinstance(source, str) or program_sha256(source) != env.program_sha256:
         raise PackError(f"the program file {path} does not hold the program the manifest names "
