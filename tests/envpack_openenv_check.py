@@ -11,7 +11,9 @@ program's reference actions for episode seed 3 (from an in-process `PackEnvironm
 program runs in its own sandbox pool) and plays them over the WebSocket with the typed
 `PackEnvClient`, and the first environment once more with OpenEnv's `GenericEnvClient` and raw
 action dicts. The JSON line holds, per pack and environment, the rewards, whether the episode
-ended and was won, and the state the server reports; an unknown env id's error message too.
+ended and was won, and the state the server reports; an unknown env id's error message, and the
+fields its action schema requires (``/schema``, which verifiers' OpenEnvTaskset reads: a reply goes
+whole into an action's one required field).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 
+import requests
 import uvicorn
 from openenv import GenericEnvClient
 
@@ -73,6 +76,7 @@ def check(pack_dir: str) -> dict:
     server, thread, url = _serve(create_pack_app(pack, max_sessions=4))
     out = {"name": pack.name, "typed": {}, "generic": {}}
     try:
+        out["action_required"] = requests.get(f"{url}/schema", timeout=30).json()["action"].get("required")
         with PackEnvClient(base_url=url).sync() as client:
             for env in pack.environments:
                 out["typed"][env.env_id] = _play(client, env.env_id, _actions(pack, env.env_id), typed=True)

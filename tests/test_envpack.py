@@ -317,7 +317,7 @@ def test_a_pack_of_a_runlocal_run_loads_in_gymnasium_and_plays_each_solution_to_
         env.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def openenv_python() -> Path:
     """The python of the OpenEnv venv; made by its script under CI, else the check is skipped without it."""
     python = OPENENV_VENV / "bin" / "python"
@@ -345,5 +345,5 @@ def test_both_packs_play_each_solution_to_a_win_through_an_openenv_server(openen
             assert result["done"] and result["won"] is True and result["rewards"][-1] == 1.0, (env_id, result)
             assert result["first_observation"] and result["state"]["env_id"] == env_id
             assert result["state"]["step_count"] == len(result["rewards"]) and result["state"]["episode_seed"] == 3
-        assert "has no environment 'no-such-env'" in pack["unknown_env_error"]
+        assert "has no environment 'no-such-env'" in pack["unknown_env_error"] and pack["action_required"] == ["text"]
     assert hostile["typed"]["it0000-slot00"]["state"]["difficulty"] == "hard"
