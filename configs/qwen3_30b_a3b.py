@@ -43,7 +43,6 @@ def get_config(arg=None):
     c.agent.context_budget = 16384
     c.agent.max_new_tokens = 2048
     c.designer.max_new_tokens = 6144
-    c.designer.num_slots = 48  # the reference plays 24 games per rollout; spare slots for rejected designs
 
     # From the reference (docs/DESIGN.md, reference behaviour): KL 0.005 to the initial policy for
     # the 30B tool-use recipe; the schedule and sampling of the published recipe
@@ -56,5 +55,7 @@ def get_config(arg=None):
     if arg.runlocal:
         c.num_iterations = 1
         c.designer.num_slots = 2
+        c.designer.skills_per_regeneration = 1  # one group of two designs
         c.agent.episodes_per_env = 2
+        c.agent.hinted_episodes_per_env = 2
     return c

@@ -30,5 +30,7 @@ def get_config(arg=None):
     if arg.runlocal:
         c.num_iterations = 1
         c.designer.num_slots = 2
+        c.designer.skills_per_regeneration = 1  # one group of two designs
         c.agent.episodes_per_env = 2
+        c.agent.hinted_episodes_per_env = 2
     return c

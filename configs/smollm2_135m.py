@@ -28,8 +28,10 @@ def get_config(arg=None):
     if arg.runlocal:
         c.num_iterations = 2
         c.designer.num_slots = 2
+        c.designer.skills_per_regeneration = 1  # one group of two designs
         c.designer.max_new_tokens = 128
         c.agent.episodes_per_env = 2
+        c.agent.hinted_episodes_per_env = 2
         c.agent.max_turns = 2
         c.agent.max_new_tokens = 32
         c.agent.context_budget = 1024

@@ -271,14 +271,14 @@ def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_t
 
     c = tiny_selfplay_config()
     c.agent.replay_envs = 0
-    c.agent.max_turns = 1
+    c.agent.max_turns = 1  # one attempt per slot (tiny_selfplay_config): slot 1 is rejected once
     c.hints.mode = "resample"  # hinted plays whatever the random policy would write as a hint
     c.calibration.enabled = True
     c.memory.retire_win_rate = 0.5
     c.seed = next(s for s in range(100) if 0 < _even_seeds(derive_seed(s, 0, PHASES["calibration"]), 4) < 4)
     calibration_seed = derive_seed(c.seed, 0, PHASES["calibration"])
 
-    def admit(samples, pool, memory, admission, seed=None):  # slot 0 writes PEEK_ENV, slot 1 SHOWN_ENV
+    def admit(samples, pool, memory, admission, seed=None, earlier=()):  # slot 0 writes PEEK_ENV, slot 1 SHOWN_ENV
         return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=(PEEK_ENV, SHOWN_ENV)[s.slot]))
                 for s in samples]
 

@@ -159,6 +159,28 @@ def test_hinted_plays_follow_the_reference_hint_phase(policy, pool):
     assert hinted(GUESS, scripted("\\boxed{7}", finished=False), plain_rules).end_reason == "max_new_tokens"
     assert hinted(HANGS, scripted("\\boxed{7}"), plain_rules).dropped
 
+
+
+def test_an_empty_hint_is_injected_as_an_empty_hint_line(policy, pool):
+    """The reference's hint injection "{observation}\\n\\nHINT: {hint}" with the hint "" that a
+    whitespace reply leaves (hint_generator.py:217-226): the hinted play runs, its first
+    observation ending in an empty "HINT: "."""
+    request = EpisodeRequest(0, GUESS, seed=5, hinted=True, hint="")
+    t = play_episodes(policy, pool, [request], AGENT, sample=scripted("\\boxed{7}"))[0]
+    assert "Observation: Say seven.\n\nHINT: \n" in t.messages[0]["content"]
+
+
+NAN_REWARD = GUESS.replace("(1.0 if won else 0.0)", "float('nan')")
+
+
+def test_a_nan_terminal_reward_is_a_broken_step_a_deliberate_difference(policy, pool):
+    """The reference clips a NaN last reward to a win (`max(-1.0, min(1.0, nan))` is 1.0,
+    rewards.py:47-50); spade_jax answers it as a step that broke the contract (-1), on purpose:
+    a designer trained by RL would learn to return NaN and have every play count as won."""
+    assert ref_episode_reward([float("nan")], True) == 1.0
+    t = play(policy, pool, NAN_REWARD, scripted("\\boxed{7}"))
+    assert t.reward == -1.0 and not t.won and t.end_reason == "error" and "nan" in t.error
+
 # ---------------------------------------------------------------------------- the old rules, as options
 
 def test_old_rules_are_named_options(policy, pool):

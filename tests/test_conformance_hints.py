@@ -28,23 +28,43 @@ def _fake_sampler(monkeypatch, replies_by_attempt):
 def test_the_game_prompt_carries_the_reference_rules_and_examples():
     """hint_generator.py:24-45: 1-3 sentences under 100 words, strategy + answer format, the
     player answers in \\boxed{}, never the exact answer, a good and a bad example; ~1400 chars."""
-    prompt = hints.HINT_SYSTEM_PROMPT
-    assert 1100 <= len(prompt) <= 1800
+    prompt = hints.REFERENCE_HINT_SYSTEM_PROMPT
+    assert len(prompt) == 1415  # the reference's text, character for character
+    for rule in ("Keep it to 1-3 sentences (under 100 words)", "\\boxed{answer}", "Do NOT reveal the exact answer",
+                 "expected answer format", "GOOD hint example:", "BAD hint example:",
+                 "Output ONLY the hint text. No JSON, no markdown, no labels."):
+        assert rule in prompt, rule
+    rewritten = hints.HINT_SYSTEM_PROMPT
+    assert 1100 <= len(rewritten) <= 1800
     for rule in ("1 to 3 sentences", "fewer than 100 words", "\\boxed{answer}", "Never give the exact answer",
                  "answer format", "GOOD:", "BAD:", "no JSON, no markdown"):
-        assert rule in prompt, rule
+        assert rule in rewritten, rule
+
+
+def test_the_hint_prompts_are_the_references_words_by_default():
+    """The reference's two system prompts verbatim by default; spade_jax's rewording is the option
+    `hints.prompt_wording="rewritten"`."""
+    assert HintConfig().prompt_wording == "reference"
+    assert hints.system_prompt(GAME_ENV) == hints.REFERENCE_HINT_SYSTEM_PROMPT
+    assert hints.system_prompt(GAME_ENV, "tool_use") == hints.REFERENCE_TOOL_USE_HINT_SYSTEM_PROMPT
+    assert hints.REFERENCE_TOOL_USE_HINT_SYSTEM_PROMPT.startswith(
+        "You are analyzing a MULTI-TURN tool-use environment's source code")
+    assert hints.system_prompt(GAME_ENV, "cognitive", "rewritten") == hints.HINT_SYSTEM_PROMPT
+    assert hints.system_prompt(GAME_ENV, "tool_use", "rewritten") == hints.TOOL_USE_HINT_SYSTEM_PROMPT
 
 
 def test_the_tool_use_prompt_is_chosen_by_game_type_as_the_reference_keys_it():
     """hint_generator.py:78-82 and types.py:208: game_type 'tool_use' picks the tool-use prompt,
     anything else (default 'cognitive') the game prompt; 'auto' (a deviation) picks per program."""
-    tool = hints.TOOL_USE_HINT_SYSTEM_PROMPT
-    for rule in ("<answer>done</answer>", "placeholders", "NO concrete values", "2 to 3 sentences", "GOOD:", "BAD"):
+    tool = hints.REFERENCE_TOOL_USE_HINT_SYSTEM_PROMPT
+    for rule in ("<answer>done</answer>", "placeholders", "NEVER write concrete data values", "2-3 sentences",
+                 "GOOD hint", "BAD hint"):
         assert rule in tool, rule
     assert HintConfig().game_type == "cognitive"
-    assert hints.system_prompt(TOOL_ENV) == hints.HINT_SYSTEM_PROMPT
+    assert hints.system_prompt(TOOL_ENV) == hints.REFERENCE_HINT_SYSTEM_PROMPT
     assert hints.system_prompt(GAME_ENV, "tool_use") == tool
-    assert hints.system_prompt(TOOL_ENV, "auto") == tool and hints.system_prompt(GAME_ENV, "auto") == hints.HINT_SYSTEM_PROMPT
+    assert hints.system_prompt(TOOL_ENV, "auto") == tool
+    assert hints.system_prompt(GAME_ENV, "auto") == hints.REFERENCE_HINT_SYSTEM_PROMPT
 
 
 def test_the_user_message_is_the_reference_framing_of_the_whole_program(monkeypatch):
@@ -53,7 +73,7 @@ def test_the_user_message_is_the_reference_framing_of_the_whole_program(monkeypa
     code = GAME_ENV + "#" * 7000  # longer than the old 6000-character cut
     hints.write_hints(types.SimpleNamespace(tokenizer=None), [code], HintConfig())
     (chat,), _ = calls[0]
-    assert chat == [{"role": "system", "content": hints.HINT_SYSTEM_PROMPT},
+    assert chat == [{"role": "system", "content": hints.REFERENCE_HINT_SYSTEM_PROMPT},
                     {"role": "user", "content": f"Environment code:\n```python\n{code}\n```"}]
 
 
@@ -73,12 +93,24 @@ def test_the_hint_is_kept_whole_and_a_fenced_json_hint_unwrapped():
     assert clean_hint(reply) == reply.strip()
     assert clean_hint('```json\n{"hint": "Use binary search."}\n```') == "Use binary search."
     assert clean_hint('```json\n{"note": 1}\n```') == '```json\n{"note": 1}\n```'
-    assert clean_hint(" \n ") is None
+    assert clean_hint("") is None
+
+
+def test_a_whitespace_hint_is_the_empty_hint_and_is_played(monkeypatch):
+    """hint_generator.py:217-226: only an empty reply raises (and is sampled again); one of
+    whitespace alone is stripped to "" and played, injected as an empty "HINT: " (the hint
+    injection template is "{observation}\\n\\nHINT: {hint}")."""
+    assert clean_hint(" \n ") == ""
+    calls = _fake_sampler(monkeypatch, [["  \n "]])
+    assert hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV], HintConfig()) == [""]
+    assert len(calls) == 1
+    hinted = [r for r in matched_requests(0, GAME_ENV, [7], "self", hint="", hinted_seeds=[9]) if r.hinted]
+    assert [(r.seed, r.hint) for r in hinted] == [(9, "")]
 
 
 def test_an_empty_hint_is_sampled_again_three_attempts_in_all(monkeypatch):
     """hint_generator.py:268-287: max_retries=3 attempts; an empty reply is a failed attempt."""
-    calls = _fake_sampler(monkeypatch, [["", "Count the walls."], ["  "], ["Go by parity."]])
+    calls = _fake_sampler(monkeypatch, [["", "Count the walls."], [""], ["Go by parity."]])
     out = hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV, TOOL_ENV], HintConfig())
     assert out == ["Go by parity.", "Count the walls."]
     assert [len(chats) for chats, _ in calls] == [2, 1, 1]

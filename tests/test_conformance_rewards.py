@@ -198,3 +198,20 @@ def test_hinted_plays_have_seeds_of_their_own_and_regret_compares_means():
     assert matched.regret == 0.0
     assert not R.DesignerRewardConfig().matched_seeds
 
+
+
+def test_learning_potential_without_a_delay_reads_the_baseline_before_updating_it():
+    """env_rewards.py:107-128 (the immediate path): each game is measured against its skill's slow
+    average as it stood (0 before the first update), then the averages are updated; the delayed
+    path (delayed_env_rewards.py:129-162) updates first, then reads."""
+    cfg = R.DesignerRewardConfig(kind="learning_potential", scaling="none")
+    a, b = _env("a", {0: [0.0, 0.0]}), _env("b", {0: [1.0, 1.0, 1.0, 0.0]})
+    first = _scores([a, b], cfg, delayed=False)
+    np.testing.assert_allclose(first.rewards, [0.0, 0.75])  # baseline 0: nothing averaged yet
+    assert first.skill_averages["logic"].mu_slow == pytest.approx(0.5)  # (0 + 0 + 1 + 1 + 1 + 0) / 6
+    stats = dict(zip("ab", scoring.env_statistics([a, b])))
+    later = scoring.designer_scores([_pending("a"), _pending("b")], stats, cfg, weight=1.0, delayed=False,
+                                    skill_averages=first.skill_averages)
+    np.testing.assert_allclose(later.rewards, [0.5, 0.25])  # against 0.5, the average before this update
+    delayed = _scores([a, b], cfg, delayed=True)
+    np.testing.assert_allclose(delayed.rewards, [0.5, 0.25])  # the first update sets the baseline to 0.5

@@ -14,14 +14,14 @@ from spade_jax.selfplay import loop
 
 
 def _canned_designs(program):
-    def propose(policy, memory, corpus, cfg, *, seed):
+    def propose(policy, memory, corpus, cfg, *, seed, slots, attempt=0):
         return [DesignSample(slot=i, skill=("logical deduction", "arithmetic")[i], difficulty="medium", doc_id=None,
                              doc_excerpt="", prompt_tokens=np.array([1, 2], np.int32),
                              tokens=np.array([3, 4 + seed % 5], np.int32), logprobs=np.zeros(2, np.float32),
                              text=program)
-                for i in range(cfg.num_slots)]
+                for i in slots]
 
-    def admit(samples, pool, memory, admission, seed=None):
+    def admit(samples, pool, memory, admission, seed=None, earlier=()):
         import dataclasses
         return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=program)) for s in samples]
 
@@ -66,6 +66,7 @@ def schedule_run(tmp_path, small_tokenizer, canned_sampler, random_selfplay, mon
         c.num_iterations = 6
         c.designer.enabled = True
         c.designer.num_slots = 2
+        c.agent.hinted_episodes_per_env = 2
         c.designer.regeneration_period, c.designer.reward_delay = 4, 4
         c.agent.replay_envs = 1
         c.hints.mode = "solution"

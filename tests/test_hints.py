@@ -56,7 +56,7 @@ def test_placebo_hints_have_the_length_of_the_hint_they_replace_and_no_content(m
 
 def test_clean_hint_keeps_sentences_on_one_line():
     assert clean_hint("HINT: Add them.\nThen box it! Extra one. Too many.", 2) == "Add them. Then box it!"
-    assert clean_hint("  \n ") is None
+    assert clean_hint("  \n ") == "" and clean_hint("") is None
 
 
 def test_a_placebo_of_solution_hints_has_the_solution_hints_length_and_none_of_its_content(small_tokenizer,

@@ -125,8 +125,10 @@ def tiny_selfplay_config():
     c.designer.prompt.doc_max_words = 20
     c.designer.num_slots = 2
     c.designer.max_new_tokens = 24
+    c.designer.max_attempts = 1  # one attempt per slot (the retries have tests of their own)
     c.designer.prompt.exemplar_max_lines = 4
     c.agent.episodes_per_env = 2
+    c.agent.hinted_episodes_per_env = 2
     c.agent.max_turns = 2
     c.agent.max_new_tokens = 8
     c.agent.context_budget = 768
@@ -156,6 +158,7 @@ def _run_loop(c, workdir, tokenizer):
 def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokenizer):
     c = tiny_selfplay_config()
     c.designer.reward.rejected = "penalty"  # the random policy's designs fail admission: train on them anyway
+    c.designer.max_attempts = 3  # a failed slot is designed again: the random policy's designs all fail
     policy = _tiny_policy(c, small_tokenizer)
     before = jax.tree.map(np.asarray, policy.model.embed_VD[...])
     run = loop.SelfPlay(c, str(tmp_path), policy=policy)
@@ -167,7 +170,7 @@ def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokeniz
     # designer prompts built, programs sampled and judged; every rejection counted at its stage
     assert metrics["designer/proposed"] == 2
     rejected = sum(v for k, v in metrics.items() if k.startswith("designer/rejected/"))
-    assert rejected == 2 - metrics["designer/admitted"]
+    assert metrics["designer/admitted"] == 0 and metrics["designer/attempts"] == rejected == 6
     # the replayed seed environments: per skill and apart from new designs
     assert metrics["env/replayed"] == 2 and any(k.startswith("skill/") for k in metrics)
     # agent episodes: 2 replayed seed environments x 2 plain (replays are not hinted: the
@@ -188,7 +191,7 @@ def _admit_everything_as(program):
     """An admission stand-in: every designer sample becomes `program`, admitted."""
     from spade_jax.sandbox.admission import AdmissionReport
 
-    def admit(samples, pool, memory, admission, seed=None):
+    def admit(samples, pool, memory, admission, seed=None, earlier=()):
         report = AdmissionReport(admitted=True, stage="novelty", reason="", code=program)
         return [dataclasses.replace(s, report=report) for s in samples]
 
@@ -367,8 +370,8 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
     prompts = []
     original = loop.propose
 
-    def recording_propose(policy, memory, corpus, cfg, *, seed):
-        designs = original(policy, memory, corpus, cfg, seed=seed)
+    def recording_propose(policy, memory, corpus, cfg, **kwargs):
+        designs = original(policy, memory, corpus, cfg, **kwargs)
         prompts.extend(small_tokenizer.decode(d.prompt_tokens.tolist()) for d in designs)
         return designs
 

@@ -26,8 +26,9 @@ Modes:
             the agent reads, which matters for a policy that a strange hint disturbs.
   none      no hints: hinted plays equal plain plays and regret is 0.
 
-An environment whose text hint is empty (modes `self`, `strategy` and their placebos) gets
-no hinted plays at all (`matched_requests`), so no hinted play ever runs without its hint.
+An environment without a text hint (modes `self`, `strategy` and their placebos: every reply
+empty, or no strategy family) gets no hinted plays at all (`matched_requests`); a self-written
+reply of whitespace alone is the empty hint, played as an empty "HINT: " as the reference does.
 
 The environment source the policy reads in mode `self` is designer-written, so it enters
 the hint prompt through `conversation.prompt_text` (clean Unicode, the tokenizer's special
@@ -52,9 +53,64 @@ from spade_jax.sandbox.text import clean_text
 HINT_MODES = ("self", "strategy", "solution", "placebo", "resample", "none")
 TEXT_HINT_MODES = ("self", "strategy")  # the modes whose hint is a text written before play
 GAME_TYPES = ("cognitive", "tool_use", "auto")
+PROMPT_WORDINGS = ("reference", "rewritten")
 
-# The reference's two hint prompts (spade-rl/spade core/hint_generator.py:24-45 and 48-75),
-# rewritten: the same rules and examples in other words.
+# The reference's own two hint prompts, verbatim (spade-rl/spade core/hint_generator.py:24-75, MIT):
+# the default wording (`HintConfig.prompt_wording`).
+REFERENCE_HINT_SYSTEM_PROMPT = """You are analyzing game source code to generate a solving hint for an LLM player.
+
+CONTEXT: The player sees only text observations and responds with \\boxed{answer}. It CANNOT see the source code - only you can. Your hint will be appended to the player's first observation.
+
+TASK: Read the code carefully. Identify:
+1. What puzzle the game presents (from the player's perspective, not the code's)
+2. How the correct answer is derived (trace through reset() and the checking logic in step())
+3. What answer format is expected (a number, a word, a list, etc.)
+
+WRITE a hint that includes:
+- The key insight or strategy for solving this specific puzzle
+- The expected answer format (e.g., "answer with a single integer", "answer with a comma-separated list")
+
+RULES:
+- Keep it to 1-3 sentences (under 100 words)
+- Reference only what the player can SEE in the observation, not code internals
+- Be specific to this game - no generic advice like "think carefully" or "consider all possibilities"
+- Do NOT reveal the exact answer, but DO explain the approach
+
+GOOD hint example: "The sequence follows a rule where each term is the sum of the two preceding terms. Count the pattern and predict the next value. Answer with a single integer."
+BAD hint example: "The self.solution variable stores the answer computed in reset(). Try to think about what it could be."
+
+Output ONLY the hint text. No JSON, no markdown, no labels."""
+
+REFERENCE_TOOL_USE_HINT_SYSTEM_PROMPT = """You are analyzing a MULTI-TURN tool-use environment's source code to write a PROCEDURAL strategy hint for an LLM agent that will play it.
+
+CONTEXT: The agent acts turn-by-turn. It sees ONE user instruction at a time, calls tools with <tool_call>{"name": "...", "arguments": {...}}</tool_call>, reads each tool result, and submits <answer>done</answer> ONLY after every instruction has been satisfied. It CANNOT see the source code - only you can. Your hint is appended to the agent's FIRST observation.
+
+GOAL: The hint must help the agent get UNSTUCK without SOLVING the task for it. Summarize the approach (a lossy plan), never the answer. Discovering the specific values by calling tools is the SKILL being tested - a hint the agent can win by copy-pasting is worthless, and it trains the generator to make games that are unsolvable WITHOUT the leaked answer.
+
+TASK: Read the code and identify the high-level STRATEGY only: which KINDS of tools/operations are involved, the general order of PHASES (which tool's output feeds the next), and which tools are distractors / out-of-scope.
+
+WRITE a hint that:
+- Describes the general approach and the order of PHASES in terms of tool ROLES (e.g. "first look up the relevant record, then update it, then organize the files") - NOT a fully filled-in call sequence.
+- Tells the agent to act turn-by-turn and submit <answer>done</answer> ONLY after all steps are complete - never jump straight to a final answer.
+- Tells the agent to DISCOVER the specific arguments by calling lookup/list tools and reading each user instruction - it must not assume them.
+- If an instruction omits a required argument, say to ASK for it (do not guess); if a request is out of scope of the available tools, say to DECLINE.
+
+HARD RULES (these prevent answer leakage - the #1 failure mode):
+- NEVER write concrete data values read from the code or hidden state: no exact IDs, names, file names, paths, amounts, dates, or status strings. Use placeholders like <order_id>, <amount>, or phrases like "the order the user names". If you are about to type a specific value (e.g. 'ORD104', 'savings_67890', 'final_report.pdf'), replace it with a placeholder.
+- Do NOT emit a complete, copy-pasteable call-by-call walkthrough with all arguments filled in.
+- Reference only tool-level behavior the agent can observe - never reveal code internals (state-variable names, exact criteria expressions).
+- Keep it to 2-3 sentences (under 100 words). Specific to THIS environment's tools/goal, but VALUE-FREE.
+- Do NOT tell the agent to "answer with a single integer/word" or submit a final answer immediately. This is a multi-turn EXECUTION task.
+
+GOOD hint (strategy + placeholders; the agent still must discover specifics):
+"Work one instruction at a time. First use the order-lookup tool to find the order the user refers to, then the order-update tool to change its status; afterwards use the file tools to create the destination folder and move the named file into it. Read each tool result and the next instruction to get the exact arguments - don't assume IDs or paths. Submit <answer>done</answer> only after the final instruction is done."
+
+BAD hint (LEAKS THE ANSWER - never do this): "call find_order(order_id='ORD104'), then update_order_status(order_id='ORD104', status='shipped'), then move_file(src='order_summary.txt', dst='/customer/orders/tracking'). Submit <answer>done</answer>." - it hardcodes exact IDs/paths so the agent wins by copying instead of doing the task.
+
+Output ONLY the hint text. No JSON, no markdown, no labels."""
+
+# The same two prompts rewritten: the same rules and examples in other words
+# (`HintConfig.prompt_wording="rewritten"`).
 HINT_SYSTEM_PROMPT = """You read the source code of a text game and write a hint that helps an LLM player solve it.
 
 SETTING: The player never sees the code, only the text observations, and it answers with \\boxed{answer}. Only you can read the code. Your hint is added to the player's first observation, and it is all the player will ever learn from the code.
@@ -120,6 +176,8 @@ class HintConfig:
     as the reference's run-level `game_type` does (types.py:208, hint_generator.py:78-82):
     "cognitive" the game prompt, "tool_use" the tool-use prompt; "auto" (a deviation, off
     by default) picks per program, the tool-use prompt for a `ToolUseEnv` subclass.
+    `prompt_wording`: "reference" the reference's prompts verbatim, "rewritten" the same rules
+    and examples in spade_jax's words.
     Sampling follows the reference (types.py:154, hint_generator.py:183-196): temperature
     0.3, the whole program shown (`max_code_chars` 0; > 0 cuts it), up to `max_new_tokens`,
     and a hint that comes back empty is sampled again `retries` times (3 attempts in all);
@@ -131,6 +189,7 @@ class HintConfig:
     mode: str = "self"
     placebo_of: str = "self"
     game_type: str = "cognitive"
+    prompt_wording: str = "reference"
     max_new_tokens: int = 4096
     temperature: float = 0.3
     top_p: float = 1.0
@@ -147,6 +206,8 @@ class HintConfig:
                              f"got {self.placebo_of!r}")
         if self.game_type not in GAME_TYPES:
             raise ValueError(f"hints.game_type must be one of {GAME_TYPES}, got {self.game_type!r}")
+        if self.prompt_wording not in PROMPT_WORDINGS:
+            raise ValueError(f"hints.prompt_wording must be one of {PROMPT_WORDINGS}, got {self.prompt_wording!r}")
         if self.retries < 0 or self.max_sentences < 0 or self.max_code_chars < 0:
             raise ValueError("hints.retries, max_sentences and max_code_chars must be >= 0")
 
@@ -157,9 +218,11 @@ class HintConfig:
         return mode if mode in TEXT_HINT_MODES else None
 
 
-def system_prompt(code: str, game_type: str = "cognitive") -> str:
-    """The hint prompt for ``code``: by ``game_type`` (see `HintConfig`)."""
+def system_prompt(code: str, game_type: str = "cognitive", wording: str = "reference") -> str:
+    """The hint prompt for ``code``: by ``game_type`` and ``wording`` (see `HintConfig`)."""
     tool_use = game_type == "tool_use" or (game_type == "auto" and _TOOL_USE_CLASS.search(code) is not None)
+    if wording == "reference":
+        return REFERENCE_TOOL_USE_HINT_SYSTEM_PROMPT if tool_use else REFERENCE_HINT_SYSTEM_PROMPT
     return TOOL_USE_HINT_SYSTEM_PROMPT if tool_use else HINT_SYSTEM_PROMPT
 
 
@@ -167,15 +230,21 @@ def hint_chat(code: str, cfg: HintConfig, tokenizer) -> list[dict]:
     """The two messages that ask for one program's hint (the program escaped by `prompt_text`)."""
     shown = code[: cfg.max_code_chars] if cfg.max_code_chars else code
     return [
-        {"role": "system", "content": system_prompt(code, cfg.game_type)},
+        {"role": "system", "content": system_prompt(code, cfg.game_type, cfg.prompt_wording)},
         {"role": "user", "content": HINT_USER_TEMPLATE.format(code=prompt_text(tokenizer, shown))},
     ]
 
 
 def clean_hint(text: str, max_sentences: int = 0) -> str | None:
-    """The hint in a reply, or None if empty: cleaned and stripped, a fenced JSON object's
-    "hint" taken out of it (hint_generator.py:132-149); with ``max_sentences`` > 0 only the
-    first that many sentences, on one line, a "HINT:" label dropped."""
+    """The hint in a reply: cleaned and stripped, a fenced JSON object's "hint" taken out of
+    it (hint_generator.py:132-149); with ``max_sentences`` > 0 only the first that many
+    sentences, on one line, a "HINT:" label dropped.
+
+    None for an empty reply (the reference raises on it and samples again); a reply of
+    whitespace alone is the empty hint "", shown as an empty "HINT: " (the reference strips
+    it and plays with it, hint_generator.py:217-226)."""
+    if not text:
+        return None
     text = clean_text(text).strip()
     block = _JSON_BLOCK.search(text)
     if block:
@@ -188,7 +257,7 @@ def clean_hint(text: str, max_sentences: int = 0) -> str | None:
     if max_sentences:
         text = " ".join(text.replace("HINT:", " ").split())
         text = " ".join(_SENTENCE_END.split(text)[:max_sentences])
-    return text or None
+    return text
 
 
 def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int = 0) -> list[str | None]:
@@ -207,7 +276,7 @@ def write_hints(policy, programs: Sequence[str], cfg: HintConfig, *, seed: int =
     else:
         return [None] * len(programs)
     if cfg.mode == "placebo":
-        return [placebo_hint(len(h)) if h else None for h in hints]
+        return [placebo_hint(len(h)) if h is not None else None for h in hints]
     return hints
 
 
@@ -245,9 +314,9 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     ``hinted_seeds``: the reference seeds its hinted plays apart from the plain ones).
 
     Modes "self", "strategy" and "placebo" of either show ``hint`` (`write_hints`); when there
-    is none (an empty or failed self-written hint, no strategy family) no hinted play is
-    made, as the reference gives such an environment no hinted plays and regret 0
-    (orchestrator.py:1939-1944). Mode "solution" has the rollout take the plan of the
+    is none (a failed self-written hint, no strategy family) no hinted play is made, as the
+    reference gives such an environment no hinted plays and regret 0 (orchestrator.py:1939-1944);
+    the empty hint "" is shown as it is. Mode "solution" has the rollout take the plan of the
     environment's `solution()` for the seed, and "placebo" of "solution" a placebo of that
     hint's length; mode "resample" shows nothing.
     """
@@ -256,7 +325,7 @@ def matched_requests(env_key: int, program: str, seeds: Sequence[int], mode: str
     requests = [EpisodeRequest(env_key=env_key, program=program, seed=s) for s in seeds]
     from_solution = mode == "solution" or (mode, placebo_of) == ("placebo", "solution")
     shows_text = mode in TEXT_HINT_MODES or (mode == "placebo" and not from_solution)
-    if mode == "none" or (shows_text and not hint):
+    if mode == "none" or (shows_text and hint is None):
         return requests
     return requests + [
         EpisodeRequest(env_key=env_key, program=program, seed=s, hinted=True, hint=hint if shows_text else None,

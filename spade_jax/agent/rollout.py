@@ -305,7 +305,7 @@ def play_episodes(
         observation = episode.request.observation if episode.request.observation is not None else start.observation
         if episode.request.guidance:
             observation += GUIDANCE_SEPARATOR + episode.request.guidance
-        observation += HINT_SEPARATOR + hint if hint else ""
+        observation += HINT_SEPARATOR + hint if hint is not None else ""
         first_turn = cfg.user_template.replace("{observation}", observation)
         episode.conversation = Conversation.start(tokenizer, cfg.system_prompt, first_turn)
 

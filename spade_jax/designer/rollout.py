@@ -1,12 +1,17 @@
-"""Designer rollouts: one batched sampler call for every designer slot (`propose`), then
-staged admission of every program at once (`admit_samples`).
+"""Designer rollouts: one batched sampler call for every designer slot still open (`propose`),
+then staged admission of every program at once (`admit_samples`); the loop repeats both for
+the slots whose program failed, up to `DesignerConfig.max_attempts` attempts.
 
-Each slot gets a skill, a difficulty, a corpus document and exemplars drawn from the
-environment memory's records of that skill (`prompts.slot_messages`; the reference's
-`_augment_prompt_with_memory` filters by the slot's skill too, orchestrator.py:1213,1224). Every sampled program goes through the
-sandbox's admission in one concurrent batch, whose novelty stage also rejects a program
-that nearly duplicates an earlier one of the same batch. Failures keep their stage and
-reason: they become the configured penalty reward for the designer.
+Slots are spread round-robin over the skills of a regeneration (`assign_slots`), so a skill's
+group holds several designs, as the reference's 24 games over 3 skills hold 8 each. Each
+attempt gets a fresh corpus document and fresh exemplars drawn from the environment memory's
+records of its skill (`prompts.slot_messages`; the reference's `_augment_prompt_with_memory`
+filters by the slot's skill too, orchestrator.py:1213,1224, and its corpus orchestrator
+samples a document per attempt, corpus_orchestrator.py:87-89). Every sampled program goes
+through the sandbox's admission in one concurrent batch, whose novelty stage also rejects a
+program that nearly duplicates an earlier one of the same batch or an admitted attempt of an
+earlier one. Failures keep their stage and reason: under the reference's rule they are never
+trained (its rejected files), under `designer.reward.rejected=penalty` they earn the penalty.
 """
 
 from __future__ import annotations
@@ -26,11 +31,18 @@ from spade_jax.sandbox.admission import AdmissionConfig, AdmissionReport, admit_
 
 @dataclasses.dataclass(frozen=True)
 class DesignerConfig:
-    """How designer slots are drawn (skills, difficulties) and sampled, and what their prompts show."""
+    """How designer slots are drawn (skills, difficulties) and sampled, and what their prompts show.
+
+    `skills_per_regeneration` skills share the `num_slots` slots round-robin; a skill with one
+    slot has a group of one, whose centred advantage is always 0 (the reference's recipe:
+    24 slots over 3 skills). `max_attempts`: how often a slot whose program failed is sampled
+    again from a fresh prompt (the reference's Slime rollout passes 5, spade_rollout.py:487).
+    """
 
     num_slots: int = 8
     skills: tuple[str, ...] = SKILLS
-    skills_per_regeneration: int = 6
+    skills_per_regeneration: int = 2
+    max_attempts: int = 5
     difficulties: tuple[str, ...] = DIFFICULTIES
     max_new_tokens: int = 2048
     temperature: float = 1.0
@@ -53,6 +65,7 @@ class DesignSample:
     logprobs: np.ndarray
     text: str
     report: AdmissionReport | None = None
+    attempt: int = 0  # 0 for a slot's first program, k for its k-th retry
 
     @property
     def admitted(self) -> bool:
@@ -69,15 +82,19 @@ def assign_slots(cfg: DesignerConfig, rng: np.random.Generator) -> list[tuple[st
 
 
 def propose(
-    policy, memory: EnvironmentMemory | None, corpus: Corpus | None, cfg: DesignerConfig, *, seed: int
+    policy, memory: EnvironmentMemory | None, corpus: Corpus | None, cfg: DesignerConfig, *, seed: int,
+    slots: dict[int, tuple[str, str]] | None = None, attempt: int = 0,
 ) -> list[DesignSample]:
-    """Samples `cfg.num_slots` programs in one batched call; `report` is still None. Without
+    """Samples one program per slot in one batched call; `report` is still None. ``slots``:
+    ``{slot: (skill, difficulty)}`` of the slots to sample (default: every slot, as
+    `assign_slots` draws them from ``seed``); ``attempt`` is recorded in each sample. Without
     ``memory`` the prompts show no exemplars, without ``corpus`` no document."""
     rng = np.random.default_rng(seed)
-    slots = assign_slots(cfg, rng)
+    if slots is None:
+        slots = dict(enumerate(assign_slots(cfg, rng)))
     documents = corpus.sample(len(slots)) if corpus is not None else [None] * len(slots)
     chats = [slot_messages(memory, rng, skill, difficulty, doc, cfg.prompt)
-             for (skill, difficulty), doc in zip(slots, documents)]
+             for (skill, difficulty), doc in zip(slots.values(), documents)]
     completions = complete_chats(policy, chats, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                  top_p=cfg.top_p, top_k=cfg.top_k, seed=seed)
     return [
@@ -91,8 +108,9 @@ def propose(
             tokens=completion.tokens,
             logprobs=completion.logprobs,
             text=completion.text,
+            attempt=attempt,
         )
-        for i, (((skill, difficulty), doc), completion) in enumerate(zip(zip(slots, documents), completions))
+        for (i, (skill, difficulty)), doc, completion in zip(slots.items(), documents, completions)
     ]
 
 
@@ -102,11 +120,35 @@ def admit_samples(
     memory: EnvironmentMemory | None,
     admission: AdmissionConfig,
     seed: int | None = None,
+    earlier: Sequence[str] = (),
 ) -> list[DesignSample]:
-    """Runs staged admission on every sample at once (novelty against memory, if any, and the batch).
+    """Runs staged admission on every sample at once (novelty against memory, if any, the
+    ``earlier`` programs admitted in this regeneration and the batch).
 
     ``seed`` draws the admission's probe seeds and actions (None: OS entropy).
     """
     archive = [record.code for record in memory.records()] if memory is not None else []
-    reports = admit_batch([s.text for s in samples], config=admission, archive=archive, pool=pool, seed=seed)
+    reports = admit_batch([s.text for s in samples], config=admission, archive=archive + list(earlier), pool=pool,
+                          seed=seed)
     return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]
+
+
+def design_metrics(designs: Sequence[DesignSample], num_slots: int, stages: Sequence[str]) -> dict[str, float]:
+    """A regeneration's design counts from every attempt of its ``num_slots`` slots.
+
+    ``designer/admission_rate`` counts per slot (a slot is admitted when one of its attempts
+    is), ``designer/attempt_admission_rate`` per attempt; ``designer/attempts`` and
+    ``designer/attempt_tokens`` are what the retries cost; ``designer/rejected/<stage>``
+    counts rejected attempts by the stage that rejected them."""
+    admitted = sum(d.admitted for d in designs)
+    metrics = {
+        "designer/proposed": num_slots,
+        "designer/admitted": admitted,
+        "designer/admission_rate": admitted / max(num_slots, 1),
+        "designer/attempts": len(designs),
+        "designer/attempt_admission_rate": admitted / max(len(designs), 1),
+        "designer/attempt_tokens": sum(len(d.tokens) for d in designs),
+    }
+    for stage in stages:
+        metrics[f"designer/rejected/{stage}"] = sum(not d.admitted and d.report.stage == stage for d in designs)
+    return metrics

@@ -298,6 +298,12 @@ def update_learning_potentials(averages: Mapping[str, SkillRewardAverages], skil
     return result
 
 
+def learning_potential_baselines(averages: Mapping[str, SkillRewardAverages], skills: Sequence[str]) -> list[float]:
+    """Each sample's baseline for kind "learning_potential": its skill's slow average, 0 for a
+    skill not yet averaged (the reference's ``LearningPotential.get_baseline``)."""
+    return [averages[k].mu_slow if k in averages else 0.0 for k in skills]
+
+
 def designer_reward_scale(cfg: DesignerRewardConfig, n_designer: int, n_agent: int,
                           regeneration_period: int) -> float:
     """The factor on the designer's centred rewards (``cfg.scaling``, see DesignerRewardConfig)."""
@@ -406,6 +412,6 @@ def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig
 __all__ = [
     "DESIGNER_REWARD_KINDS", "REGRET_PLAYS", "REJECTED_RULES", "REWARD_SCALINGS", "STEP_TIMEOUT_PENALTY",
     "SUCCESS_REWARD", "WIN_RATE_RULES", "DesignerRewardConfig", "EnvStats", "SkillRewardAverages", "designer_reward",
-    "designer_reward_scale", "designer_rewards", "env_stats", "micro_lp", "plateau", "solver_variance_reward",
-    "update_learning_potentials", "win_rate", "wins",
+    "designer_reward_scale", "designer_rewards", "env_stats", "learning_potential_baselines", "micro_lp", "plateau",
+    "solver_variance_reward", "update_learning_potentials", "win_rate", "wins",
 ]

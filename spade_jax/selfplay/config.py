@@ -22,6 +22,7 @@ from ml_collections import config_dict
 
 from spade_jax.agent import AgentConfig, HintConfig
 from spade_jax.agent.procedures import ProcedureConfig
+from spade_jax.agent.scripted import PLAYERS, ScriptedConfig
 from spade_jax.bootstrap import BootstrapConfig
 from spade_jax.designer.calibration import CalibrationConfig
 from spade_jax.designer.corpus import CorpusConfig
@@ -105,18 +106,23 @@ def from_section(target, cfg: ml_collections.ConfigDict, **overrides: Any):
 def reference_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The published training recipe's schedule and sampling (spade-rl/spade,
     `cmd/games/train_spade_{4b,8b,30b}.sh`) on top of the base config's reference rules: a new
-    pool every 4 iterations with the designer trained 4 later (blend reward, auto scale), 3 of
-    the 6 skills per regeneration, 16 plays per environment of up to 25 turns, environments
+    pool every 4 iterations with the designer trained 4 later (blend reward, auto scale), 24
+    designer slots over 3 of the 6 skills per regeneration (8 a skill), a failed slot designed
+    again up to 5 attempts, 8 plain plays per environment a rollout (global batch 192 / 24
+    games) and 16 hinted plays at its regeneration step, up to 25 turns, environments
     designed and played at temperature 0.6, hints written at 0.3 with 4096 tokens (the hint
     defaults). Returns ``c``, edited."""
     c.designer.regeneration_period = 4
     c.designer.reward_delay = 4
     c.designer.reward.kind = "blend"
     c.designer.reward.scaling = "auto"
+    c.designer.num_slots = 24
     c.designer.skills_per_regeneration = 3
+    c.designer.max_attempts = 5
     c.designer.temperature = 0.6
     c.agent.temperature = 0.6
-    c.agent.episodes_per_env = 16
+    c.agent.episodes_per_env = 8
+    c.agent.hinted_episodes_per_env = 16
     c.agent.max_turns = 25
     c.hints.mode = "self"
     c.hints.temperature = 0.3
@@ -192,14 +198,22 @@ def base_config() -> ml_collections.ConfigDict:
     # Solver-relative difficulty calibration of new designs.
     c.calibration = section(CalibrationConfig)
     c.hints = section(HintConfig)
+    # Plays per environment as the reference sizes them: `episodes_per_env` plain plays every
+    # iteration (its global batch / games: 192 / 24 = 8), and `hinted_episodes_per_env` hinted
+    # plays of a new design at its regeneration step (`--spade-hint-plays-per-game 16`).
     c.agent = section(
         AgentConfig,
-        episodes_per_env=16,
+        episodes_per_env=8,
+        hinted_episodes_per_env=16,
         train_hinted=False,
         regret_weighting=False,
         regret_temperature=1.0,
         replay_envs=0,  # environments replayed from memory each iteration besides the new pool
         procedure_memory=ProcedureConfig(),  # ProPlay-style preplay guidance (`agent/procedures.py`)
+        # Who plays: "policy" (the method), or for studies of the designer alone "scripted", a
+        # player of each program's own solution whose frontier is known (`agent/scripted.py`).
+        player="policy",
+        scripted=ScriptedConfig(),
     )
     c.rl = section(OptimConfig)
     c.rl.update(section(LossConfig, exclude=("objective",)))
@@ -258,6 +272,10 @@ def agent_config(c) -> AgentConfig:
 
 def procedure_config(c) -> ProcedureConfig:
     return from_section(ProcedureConfig, c.agent.procedure_memory)
+
+
+def scripted_config(c) -> ScriptedConfig:
+    return from_section(ScriptedConfig, c.agent.scripted)
 
 
 def calibration_config(c) -> CalibrationConfig:
@@ -321,7 +339,8 @@ def bootstrap_config(c) -> BootstrapConfig:
 _STAGES = (
     ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
-    ("agent", agent_config), ("agent.procedure_memory", procedure_config), ("hints", hint_config),
+    ("agent", agent_config), ("agent.procedure_memory", procedure_config),
+    ("agent.scripted", scripted_config), ("hints", hint_config),
     ("corpus", corpus_config), ("memory", memory), ("memory", rotation_config), ("calibration", calibration_config),
     ("rl", optim_config), ("rl", loss_config), ("trajectories", synth_config), ("eval", eval_config), ("eval.generation", eval_generation),
 )
@@ -374,6 +393,15 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("agent.replay_envs", "must be >= 1 when designer.enabled is False (the agent only replays memory)")
     if c.agent.episodes_per_env < 1:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")
+    if c.agent.hinted_episodes_per_env < 1:
+        _fail("agent.hinted_episodes_per_env", f"must be >= 1, got {c.agent.hinted_episodes_per_env}")
+    if c.designer.reward.matched_seeds and c.agent.hinted_episodes_per_env != c.agent.episodes_per_env:
+        _fail("agent.hinted_episodes_per_env", "designer.reward.matched_seeds plays the hinted episodes on the plain "
+              f"plays' seeds: it must equal agent.episodes_per_env ({c.agent.episodes_per_env})")
+    if c.agent.player not in PLAYERS:
+        _fail("agent.player", f"must be one of {PLAYERS}, got {c.agent.player!r}")
+    if c.designer.max_attempts < 1:
+        _fail("designer.max_attempts", f"must be >= 1, got {c.designer.max_attempts}")
     if c.rl.row_length < c.agent.context_budget:
         _fail("rl.row_length", f"must be >= agent.context_budget ({c.agent.context_budget}) so episodes fit a row")
     if c.trajectories.every < 0 or c.trajectories.max_envs < 1:

@@ -27,10 +27,11 @@ from absl import logging
 
 from spade_jax.agent import matched_requests, play_episodes, write_hints
 from spade_jax.agent.rollout import RolloutStats
+from spade_jax.agent.scripted import play_scripted
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory, regeneration_statistics
 from spade_jax.designer.review import rejection_reason, review
-from spade_jax.designer.rollout import DesignSample, admit_samples, propose
+from spade_jax.designer.rollout import DesignSample, admit_samples, assign_slots, design_metrics, propose
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.rl.batch import TrainSequence, pack
@@ -130,7 +131,7 @@ class SelfPlay:
         for component in self.components.agent:
             metrics.update(component.observe(envs, episodes))
         with chrono("update"):
-            train_metrics = self._update(agent_sequences + (designer.sequences if cfg.designer.train else []))
+            train_metrics = self._update(agent_sequences + designer.sequences)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items()})
         env_log = self._remember(it, envs, stats, designer.by_env_id, designs, episodes, review_rejected, metrics)
         if itstime(it + 1, cfg.designer.regeneration_period):
@@ -147,21 +148,34 @@ class SelfPlay:
         return metrics, env_log
 
     def _design(self, it: int, metrics: dict, chrono: Chrono) -> list[DesignSample]:
-        """New designs, admitted by the sandbox's stages and then the side systems'; the pool becomes
-        the admitted ones and every sample waits for its reward."""
-        cfg = self.config
-        with phase_bar("design", 2, enabled=self.context.progress) as bar:
-            with chrono("design"):
-                designs = propose(self.sampler, self.memory if cfg.memory.enabled else None, self.corpus,
-                                  self.designer_cfg, seed=self.context.seed(it, "design"))
-            bar.update(1)
-            with chrono("admission"):
-                designs = admit_samples(designs, self.pool, self.memory if cfg.memory.enabled else None,
-                                        self.admission_cfg, seed=self.context.seed(it, "admission"))
-            bar.update(1)
-        for stage in self.components.admission:
-            with chrono(stage.name):
-                metrics.update(stage(designs, it))
+        """New designs, admitted by the sandbox's stages and then the side systems'; a slot whose
+        program failed is designed again from a fresh prompt, up to `designer.max_attempts`
+        attempts (the reference's generation retries). The pool becomes the admitted ones and
+        every attempt waits for its reward (a failed one is dropped from the designer's update
+        under the reference's rule). Returns every attempt."""
+        cfg, dcfg = self.config, self.designer_cfg
+        memory = self.memory if cfg.memory.enabled else None
+        open_slots = dict(enumerate(assign_slots(dcfg, np.random.default_rng(self.context.seed(it, "design")))))
+        designs: list[DesignSample] = []
+        stage_metrics: list[dict] = []
+        with phase_bar("design", dcfg.max_attempts, enabled=self.context.progress) as bar:
+            for attempt in range(dcfg.max_attempts):
+                with chrono("design"):
+                    batch = propose(self.sampler, memory, self.corpus, dcfg, slots=open_slots, attempt=attempt,
+                                    seed=self.context.seed(it, "design", attempt))
+                with chrono("admission"):
+                    batch = admit_samples(batch, self.pool, memory, self.admission_cfg,
+                                          seed=self.context.seed(it, "admission", attempt),
+                                          earlier=[d.report.code for d in designs if d.admitted])
+                for stage in self.components.admission:
+                    with chrono(stage.name):
+                        stage_metrics.append(stage(batch, it))
+                designs += batch
+                open_slots = {d.slot: open_slots[d.slot] for d in batch if not d.admitted}
+                bar.update(dcfg.max_attempts - attempt if not open_slots else 1)
+                if not open_slots:
+                    break
+        metrics.update(components_lib.merge_metrics(stage_metrics))
         self._hold_pool()
         for d in designs:
             env_id = design_env_id(it, d.slot) if d.admitted else None
@@ -184,13 +198,11 @@ class SelfPlay:
                     prompt_tokens=[int(x) for x in d.prompt_tokens],
                     tokens=[int(x) for x in d.tokens],
                     logprobs=[float(x) for x in d.logprobs],
+                    attempt=d.attempt,
                 )
             )
-        metrics["designer/proposed"] = len(designs)
-        metrics["designer/admitted"] = sum(d.admitted for d in designs)
-        metrics["designer/admission_rate"] = metrics["designer/admitted"] / max(len(designs), 1)
-        for stage in STAGES + tuple(s.name for s in self.components.admission):
-            metrics[f"designer/rejected/{stage}"] = sum(not d.admitted and d.report.stage == stage for d in designs)
+        metrics.update(design_metrics(designs, dcfg.num_slots,
+                                      STAGES + tuple(s.name for s in self.components.admission)))
         return designs
 
     def _replays(self, it: int) -> list[PoolEnv]:
@@ -219,15 +231,16 @@ class SelfPlay:
             env.hint = hint
 
     def _play(self, envs: Sequence[PoolEnv], it: int, chrono: Chrono):
-        """K plain + K hinted episodes of every environment (the hinted ones on seeds of their own, or
-        the plain ones' under ``designer.reward.matched_seeds``); the rollout engine's
-        compilation and device use go to `time/episodes_*`."""
-        k = self.config.agent.episodes_per_env
+        """`agent.episodes_per_env` plain episodes of every environment and, where it gets hinted plays
+        (`_plays_hinted`), `agent.hinted_episodes_per_env` hinted ones on seeds of their own (the
+        plain ones' under ``designer.reward.matched_seeds``); the rollout engine's compilation and
+        device use go to `time/episodes_*`."""
+        k, k_hinted = self.config.agent.episodes_per_env, self.config.agent.hinted_episodes_per_env
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
             hinted_seeds = None if self.reward_cfg.matched_seeds else [
-                derive_seed(self.config.seed, it, e_index, "hinted", j) % EPISODE_SEED_SPACE for j in range(k)]
+                derive_seed(self.config.seed, it, e_index, "hinted", j) % EPISODE_SEED_SPACE for j in range(k_hinted)]
             env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
             guidance = self.components.guidance(env)
             mode = self.hint_cfg.mode if self._plays_hinted(env, it) else "none"
@@ -238,6 +251,9 @@ class SelfPlay:
             ]
         stats = RolloutStats()
         episodes = []
+        if requests and self.config.agent.player == "scripted":
+            return play_scripted(self.pool, requests, self.agent_cfg, config_lib.scripted_config(self.config),
+                                 seed=self.context.seed(it, "episodes"))
         if requests:
             with phase_bar("episodes", len(requests), enabled=self.context.progress) as bar:
                 episodes = play_episodes(self.sampler, self.pool, requests, self.agent_cfg,
@@ -297,7 +313,9 @@ class SelfPlay:
         the run's ``last`` iteration, as the reference flushes its delayed samples).
 
         A play dropped because a step timed out (`Trajectory.dropped`) is counted in its
-        environment's `step_timeouts` and neither recorded nor trained on."""
+        environment's `step_timeouts` and neither recorded nor trained on; a hinted play that
+        timed out is kept with reward 0 and counted too, as the reference's hint phase flags
+        the game for the timeout penalty (orchestrator.py:1880-1887)."""
         cfg = self.config
         kept = []
         for t in trajectories:
@@ -305,6 +323,8 @@ class SelfPlay:
             if getattr(t, "dropped", False):
                 env.step_timeouts += 1
                 continue
+            if t.hinted and t.end_reason == "timeout":
+                env.step_timeouts += 1
             kept.append(t)
             (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
         metrics["agent/dropped_plays"] = len(trajectories) - len(kept)
@@ -325,7 +345,7 @@ class SelfPlay:
             due, {e.env_id: s for e, s in designed if s is not None}, self.reward_cfg, weight=cfg.rl.designer_weight,
             n_agent_sequences=len(agent_sequences), regeneration_period=cfg.designer.regeneration_period,
             delayed=cfg.designer.reward_delay > 0, timed_out=frozenset(e.env_id for e, _ in designed if e.step_timeouts),
-            skill_averages=self.state.skill_averages,
+            skill_averages=self.state.skill_averages, frozen=not cfg.designer.train,
         )
         self.state.skill_averages = designer.skill_averages
         waiting = {p.env_id for p in self.state.pending if p.env_id}
@@ -333,7 +353,10 @@ class SelfPlay:
         if len(designer.rewards):
             metrics["designer/reward_mean"] = float(np.mean(designer.rewards))
             metrics["designer/reward_scale"] = designer.scale
-            metrics["designer/nonzero_advantage"] = sum(abs(s.advantage) > 1e-12 for s in designer.sequences)
+            nonzero = int(np.sum(np.abs(designer.advantages) > 1e-12))
+            metrics["designer/trained"] = len(designer.advantages)
+            metrics["designer/nonzero_advantage"] = nonzero
+            metrics["designer/nonzero_advantage_share"] = nonzero / len(designer.advantages)
         return stats, agent_sequences, designer, trajectories
 
     def _update(self, sequences: list[TrainSequence]) -> dict[str, float]:
@@ -409,8 +432,9 @@ class SelfPlay:
             stage, reason = d.report.stage, d.report.reason
             if env_id in review_rejected:
                 stage, reason = "self_review", rejection_reason(review_rejected[env_id])
-            design = dict(slot=d.slot, difficulty=d.difficulty, doc_excerpt=d.doc_excerpt, stage=stage, reason=reason,
-                          timings=d.report.timings, calibration=d.report.details.get("calibration"))
+            design = dict(slot=d.slot, attempt=d.attempt, difficulty=d.difficulty, doc_excerpt=d.doc_excerpt,
+                          stage=stage, reason=reason, timings=d.report.timings,
+                          calibration=d.report.details.get("calibration"))
             entry = entries.get(env_id) if env_id else None
             if entry is not None:
                 for field, value in design.items():

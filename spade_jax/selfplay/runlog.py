@@ -169,7 +169,7 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict]:
 class EnvLogEntry:
     """One environment in one iteration, as ``gallery/envs.jsonl`` holds it.
 
-    A design of this iteration carries its prompt (slot, difficulty, doc_excerpt) and
+    A design of this iteration carries its prompt (slot, attempt, difficulty, doc_excerpt) and
     admission verdict (stage, reason, timings); an environment that was played carries its
     statistics, a sample plain and hinted transcript and its hint. Entries sharing an
     ``env_id`` are one environment played in several iterations (replays, seeds); a
@@ -187,6 +187,7 @@ class EnvLogEntry:
     is_seed: bool = False
     replay: bool = False
     slot: int | None = None
+    attempt: int | None = None  # which attempt of its slot the design was (0: the first)
     difficulty: str | None = None
     doc_excerpt: str | None = None
     stage: str | None = None

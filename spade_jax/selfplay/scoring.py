@@ -125,11 +125,12 @@ def agent_sequences(trajectories: Sequence[Trajectory], stats: Sequence[rew_lib.
 
 @dataclasses.dataclass(frozen=True)
 class DesignerScores:
-    """The due designer samples' rewards (in order, before centring), their training sequences,
-    the reward per admitted environment id, the scale applied to their centred rewards, and
-    every skill's reward averages after this scoring."""
+    """The due designer samples' rewards (in order, before centring) and advantages (centred and
+    scaled), their training sequences, the reward per admitted environment id, the scale
+    applied to their centred rewards, and every skill's reward averages after this scoring."""
 
     rewards: np.ndarray
+    advantages: np.ndarray
     sequences: list[TrainSequence]
     by_env_id: dict[str, float]
     scale: float
@@ -139,7 +140,8 @@ class DesignerScores:
 def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew_lib.EnvStats],
                     cfg: rew_lib.DesignerRewardConfig, *, weight: float, n_agent_sequences: int = 0,
                     regeneration_period: int = 1, delayed: bool = True, timed_out: frozenset = frozenset(),
-                    skill_averages: dict[str, rew_lib.SkillRewardAverages] | None = None) -> DesignerScores:
+                    skill_averages: dict[str, rew_lib.SkillRewardAverages] | None = None,
+                    frozen: bool = False) -> DesignerScores:
     """Rewards (`rewards.designer_rewards`), advantages centred per skill times
     `rewards.designer_reward_scale` (from ``n_agent_sequences``, the agent's sequences in the
     same update, and the ``regeneration_period``), and one training sequence per sample.
@@ -148,21 +150,24 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     reference) and get the failure penalty under "penalty"; an admitted sample none of whose
     plays survived scores 0 (the reference's "no data"), or the timeout penalty where the
     kind applies it when its id is in ``timed_out``. ``delayed``: scored under a reward
-    delay. Kind "learning_potential" first updates ``skill_averages`` with the due samples'
-    plays and measures each sample against its skill's slow average; other kinds pass the
+    delay. Kind "learning_potential" measures each sample against its skill's slow average and
+    updates ``skill_averages`` with the due samples' plays: under a delay the update comes
+    first (the reference's delayed path, delayed_env_rewards.py:129-162), without one the
+    baseline is read first (its immediate path, env_rewards.py:107-128); other kinds pass the
     averages through unchanged. ``weight`` 0 gives rewards and no training sequences."""
     averages = dict(skill_averages or {})
     if cfg.rejected == "drop":
         due = [p for p in due if p.env_id]
     if not due:
-        return DesignerScores(np.zeros(0), [], {}, 1.0, averages)
+        return DesignerScores(np.zeros(0), np.zeros(0), [], {}, 1.0, averages)
     stats = [stats_by_env_id.get(p.env_id) if p.env_id else None for p in due]
     stats = [_timed_out_without_plays() if s is None and p.env_id in timed_out else s for p, s in zip(due, stats)]
     skills = [p.skill for p in due]
     baselines = None
     if cfg.kind == "learning_potential":
+        before = averages
         averages = rew_lib.update_learning_potentials(averages, skills, stats, cfg)
-        baselines = [averages[k].mu_slow if k in averages else None for k in skills]
+        baselines = rew_lib.learning_potential_baselines(before if not delayed else averages, skills)
     rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due], baselines=baselines,
                                        delayed=delayed)
     scale = rew_lib.designer_reward_scale(cfg, len(due), n_agent_sequences, regeneration_period)
@@ -171,9 +176,11 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     for p, a in zip(due, advantages):
         tokens, mask, logprobs = p.sequence_arrays()
         if mask.any() and weight != 0:
-            sequences.append(TrainSequence(tokens, mask, logprobs, advantage=float(a), weight=weight, role="designer"))
+            sequences.append(TrainSequence(tokens, mask, logprobs, advantage=0.0 if frozen else float(a), weight=weight,
+                                           role="designer"))
     by_env_id = {p.env_id: float(r) for p, r in zip(due, rewards) if p.env_id}
-    return DesignerScores(np.asarray(rewards), sequences, by_env_id, scale, averages)
+    return DesignerScores(np.asarray(rewards), np.asarray(advantages, np.float64), sequences, by_env_id, scale,
+                          averages)
 
 
 def _timed_out_without_plays() -> rew_lib.EnvStats:

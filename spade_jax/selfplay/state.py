@@ -54,6 +54,7 @@ class PendingDesign:
     prompt_tokens: list
     tokens: list
     logprobs: list
+    attempt: int = 0  # which attempt of its slot (`DesignerConfig.max_attempts`)
 
     def sequence_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens, loss mask, sampler log-probs) of prompt + program."""

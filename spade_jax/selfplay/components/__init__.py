@@ -12,7 +12,8 @@ import dataclasses
 from typing import Any
 
 from spade_jax.selfplay.components import calibration, evaluation, procedures, synthesis
-from spade_jax.selfplay.components.base import PHASES, AdmissionStage, AgentComponent, Context, PeriodicJob
+from spade_jax.selfplay.components.base import (PHASES, AdmissionStage, AgentComponent, Context, PeriodicJob,
+                                                merge_metrics)
 
 REGISTRY = (
     calibration.build,  # admission stage: difficulty calibration against the current agent
@@ -67,4 +68,5 @@ def _first(texts) -> str | None:
     return next((t for t in texts if t is not None), None)
 
 
-__all__ = ["PHASES", "REGISTRY", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob", "build"]
+__all__ = ["PHASES", "REGISTRY", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob", "build",
+           "merge_metrics"]

@@ -18,6 +18,7 @@ without it). Components never see the loop; they get a `Context` when they are b
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Protocol, Sequence
 
 import ml_collections
@@ -49,8 +50,23 @@ class Context:
         """Whether to draw progress bars (the main process of a run that asks for them)."""
         return bool(self.config.log.progress) and self.main
 
-    def seed(self, iteration: int, phase: str) -> int:
-        return derive_seed(self.config.seed, iteration, PHASES[phase])
+    def seed(self, iteration: int, phase: str, *salt: int) -> int:
+        """The seed of ``phase`` at ``iteration`` (``salt``: e.g. a designer slot's attempt)."""
+        return derive_seed(self.config.seed, iteration, PHASES[phase], *salt)
+
+
+def merge_metrics(per_call: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One dict from the metrics of several calls of the admission stages (one call per designer
+    attempt): a `*_mean` value is averaged over the calls that gave a finite one, any other summed."""
+    merged: dict[str, float] = {}
+    for key in dict.fromkeys(k for m in per_call for k in m):
+        values = [float(m[key]) for m in per_call if key in m]
+        if key.endswith("_mean"):
+            finite = [v for v in values if math.isfinite(v)]
+            merged[key] = sum(finite) / len(finite) if finite else math.nan
+        else:
+            merged[key] = sum(values)
+    return merged
 
 
 class AdmissionStage(Protocol):
