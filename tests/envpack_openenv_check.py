@@ -13,15 +13,20 @@ program runs in its own sandbox pool) and plays them over the WebSocket with the
 action dicts. The JSON line holds, per pack and environment, the rewards, whether the episode
 ended and was won, and the state the server reports; an unknown env id's error message, and the
 fields its action schema requires (``/schema``, which verifiers' OpenEnvTaskset reads: a reply goes
-whole into an action's one required field).
+whole into an action's one required field). The first pack is also served by its own command,
+``python -m <pack> serve``, whose /health and /schema are read.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import requests
 import uvicorn
@@ -71,6 +76,32 @@ def _play(client, env_id: str, actions: list[str], typed: bool) -> dict:
         "state": state.model_dump() if typed else dict(state)}
 
 
+def serve_command(pack_dir: str) -> dict:
+    """`python -m <pack> serve` in a process of its own: its /health and /schema, then SIGTERM."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    package = Path(pack_dir)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package.parent), os.environ.get("PYTHONPATH", "")]))
+    server = subprocess.Popen([sys.executable, "-m", package.name, "serve", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+                break
+            except requests.ConnectionError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"`python -m {package.name} serve` did not start: {server.stderr.read()}")
+                time.sleep(0.2)
+        schema = requests.get(f"http://127.0.0.1:{port}/schema", timeout=5).json()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return {"health": health, "action_required": schema["action"].get("required")}
+
+
 def check(pack_dir: str) -> dict:
     pack = Pack.load(pack_dir)
     server, thread, url = _serve(create_pack_app(pack, max_sessions=4))
@@ -94,4 +125,4 @@ def check(pack_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps([check(path) for path in sys.argv[1:]]))
+    print(json.dumps({"packs": [check(path) for path in sys.argv[1:]], "serve_command": serve_command(sys.argv[1])}))

@@ -170,6 +170,9 @@ def test_a_pack_installs_with_pip_and_lists_its_environments(hostile_pack, tmp_p
     assert listing.returncode == 0, listing.stderr[-3000:]
     assert f"{HOSTILE_NAME} 1.2.3: 3 environment(s)" in listing.stdout
     assert f"{HOSTILE_NAME}/it0000-slot00-v0" in listing.stdout and "level=hard  win_rate=0.75" in listing.stdout
+    serve = subprocess.run([sys.executable, "-m", HOSTILE_NAME, "serve", "--port", "0"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=_env(str(target), str(REPO)))
+    assert serve.returncode == 2 and "serving needs openenv-core" in serve.stderr  # .venv has no openenv
 
 
 @pytest.mark.parametrize("env_id", ["seed-number_guess", "it0000-slot00"])
@@ -336,7 +339,10 @@ def test_both_packs_play_each_solution_to_a_win_through_an_openenv_server(openen
                            str(hostile_pack / HOSTILE_NAME), str(runlocal_out / runlocal_name)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env=_env(str(REPO)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    hostile, runlocal = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    hostile, runlocal = report["packs"]
+    assert report["serve_command"]["health"]["status"] == "healthy"
+    assert report["serve_command"]["action_required"] == ["text"]
     assert set(hostile["typed"]) == {"seed-number_guess", "it0000-slot00", "it0001-slot00"}
     for pack in (hostile, runlocal):
         played = {k: v for k, v in pack["typed"].items() if k != "it0001-slot00"}  # it has no solution
