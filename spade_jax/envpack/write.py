@@ -121,7 +121,7 @@ def _num(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _readme(manifest: Manifest, dist: str) -> str:
+def _readme(manifest: Manifest, out_name: str) -> str:
     rows = [f"| `{e.gym_id}` | {_md(e.skill)} | {', '.join(e.levels) or '-'} | {e.level or '-'} | "
             f"{_num(e.win_rate)} | {_num(e.regret)} | {_md(e.doc_id)} |" for e in manifest.environments]
     name = manifest.name
@@ -131,7 +131,7 @@ def _readme(manifest: Manifest, dist: str) -> str:
         f"`{_md(manifest.run.get('workdir'))}`, packed by `python -m spade_jax.envpack`. Every reset and step "
         "runs in spade_jax's sandbox (a jailed worker process), never in the caller's process; `manifest.json` "
         "has each environment's skill, levels, calibration, win rates, regret and source document.", "",
-        "```sh", f"pip install ./{dist}            # needs spade_jax installed; [openenv] adds openenv-core",
+        "```sh", f"pip install ./{out_name}            # needs spade_jax installed; [openenv] adds openenv-core",
         f"python -m {name} list", "```", "",
         "Gymnasium (text observations and actions):", "", "```python", "import gymnasium as gym",
         f"import {name}", f"env = gym.make({name}.ENV_IDS[0])", "observation, info = env.reset(seed=0)",
