@@ -393,7 +393,8 @@ class Programs:
             "last_B": np.zeros(R, np.int32), "lengths_B": np.zeros(R, np.int32), "active_B": np.ones(R, bool),
             "reply_len_B": np.zeros(R, np.int32), "limit_B": np.zeros(R, np.int32),
             "stream_B": np.zeros(R, np.uint32), "turn_B": np.zeros(R, np.uint32),
-            **engine._scalars, "exit_after": np.asarray(1, np.int32), "shrink_at": np.asarray(0, np.int32),
+            **engine.settings_B(np.arange(R)), **engine._scalars, "exit_after": np.asarray(1, np.int32),
+            "shrink_at": np.asarray(0, np.int32),
         }
         if paged:
             host["page_table_BM"] = np.zeros((R, plan.cache_length // plan.page_size), np.int32)

@@ -111,6 +111,58 @@ def test_a_row_that_fills_its_cache_bucket_keeps_its_last_slot(kv_cache):
     _check_against_full_forward(policy, conversation, _run(engine)[0])
 
 
+MIXED = [dict(temperature=0.0), dict(temperature=1.9), dict(temperature=0.7, top_p=0.8), dict(temperature=1.0, top_k=5),
+         dict(temperature=1.3, top_p=0.9, top_k=20), dict()]  # the last: the engine's defaults
+
+
+@pytest.mark.parametrize("kv_cache", ["contiguous", "paged"])
+def test_rows_with_different_sampling_settings_decode_together(kv_cache):
+    """Six rows, each with its own (temperature, top_p, top_k), decode in one batch: every reply
+    equals the one its settings draw in an engine of those settings alone (same stream and turn),
+    and the mixed batch compiles at most the two decode programs (with and without the filter)."""
+    policy = _policy(1)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(4, 128, n).tolist() for n in (5, 17, 9, 30, 12, 3)]
+    paging = dict(kv_cache=kv_cache, page_size=16)
+    mixed = RowEngine(policy, 8, max_new_tokens=12, temperature=0.5, stop_token_ids=[STOP], **paging)
+    for row, (prompt, settings) in enumerate(zip(prompts, MIXED)):
+        mixed.submit(row, prompt, stream=row, turn=3, **settings)
+    together = _run(mixed, exit_after=8)
+    assert mixed.stats.compiled["decode_paged" if kv_cache == "paged" else "decode"] <= 2
+    for row, (prompt, settings) in enumerate(zip(prompts, MIXED)):
+        alone = RowEngine(policy, 1, max_new_tokens=12, stop_token_ids=[STOP], **paging,
+                          **{"temperature": 0.5, **settings})
+        alone.submit(0, prompt, stream=row, turn=3)
+        reply = _run(alone)[0]
+        assert together[row].tokens.tolist() == reply.tokens.tolist(), (row, settings)
+        np.testing.assert_allclose(together[row].logprobs, reply.logprobs, atol=1e-5)
+    assert len({tuple(r.tokens.tolist()) for r in together.values()}) > 1
+
+
+@pytest.mark.parametrize("kv_cache", ["contiguous", "paged"])
+def test_a_reply_restricted_to_some_tokens_draws_only_those(kv_cache):
+    """Row 0 may draw only three tokens (constrained decoding); row 1, unrestricted, draws what it
+    draws alone, and row 0's log-probs stay the unmodified policy's (a full forward pass)."""
+    policy = _policy(1)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(4, 128, 20).tolist(), rng.integers(4, 128, 11).tolist()]
+    engine = RowEngine(policy, 2, max_new_tokens=10, temperature=1.5, stop_token_ids=[STOP], kv_cache=kv_cache,
+                       page_size=16)
+    engine.submit(0, prompts[0], stream=0, turn=0, allowed_tokens=[7, 50, 99])
+    engine.submit(1, prompts[1], stream=1, turn=0)
+    replies = _run(engine, exit_after=2)
+    assert set(replies[0].tokens.tolist()) <= {7, 50, 99} and len(replies[0].tokens) == 10
+    full = _full_forward_logprobs(policy, prompts[0] + replies[0].tokens.tolist())
+    for i, token in enumerate(replies[0].tokens):
+        assert abs(replies[0].logprobs[i] - full[len(prompts[0]) + i - 1][token]) <= 1e-4
+    alone = RowEngine(policy, 1, max_new_tokens=10, temperature=1.5, stop_token_ids=[STOP], kv_cache=kv_cache,
+                      page_size=16)
+    alone.submit(0, prompts[1], stream=1, turn=0)
+    assert _run(alone)[0].tokens.tolist() == replies[1].tokens.tolist()
+    engine.submit(0, engine.history[0], stream=0, turn=1)  # the next reply is unrestricted again
+    assert not set(_run(engine)[0].tokens.tolist()) <= {7, 50, 99}
+
+
 def test_submit_refuses_what_the_row_cannot_take():
     policy = _policy(1)
     engine = RowEngine(policy, 2, max_new_tokens=8, temperature=0.0)
@@ -124,6 +176,12 @@ def test_submit_refuses_what_the_row_cannot_take():
         engine.submit(1, [5], stream=1, turn=0, limit=9)
     with pytest.raises(ValueError, match="outside"):
         engine.submit(1, [500], stream=1, turn=0)
+    with pytest.raises(ValueError, match="top_p"):
+        engine.submit(1, [5], stream=1, turn=0, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        engine.submit(1, [5], stream=1, turn=0, temperature=-1.0)
+    with pytest.raises(ValueError, match="allowed_tokens"):
+        engine.submit(1, [5], stream=1, turn=0, allowed_tokens=[128])
 
 
 # ---------------------------------------------------------------------------- episodes

@@ -34,9 +34,17 @@ buckets: each is one more decode program per cache bucket), and a chunk ends ear
 shard's active rows fit half its segment, so rows that finished their reply stop costing
 compute (compaction).
 
+Sampling settings are per row: `submit` may give a reply its own temperature, top_p and
+top_k (the engine's are the default), so replies with different settings decode in one
+chunk, each drawing what it would draw beside rows of its own settings; and it may restrict
+a reply to a set of tokens (`allowed_tokens`: constrained decoding, a token at a time). A
+chunk compiles the top-k/top-p filter and the token mask in only when one of its rows asks
+for them (four programs per shape at most).
+
 Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
-episode index) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`, so sampled
-replies do not depend on which row an episode got or on when it ran.
+episode index, or a request's seed) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`,
+so sampled replies do not depend on which row an episode got, on when it ran or on what the
+other rows sample with.
 """
 
 from __future__ import annotations
@@ -132,8 +140,8 @@ def cache_bucket(slots: int) -> int:
 class RowEngine:
     """`rows` decode rows over `policy`, each with a KV cache kept across `submit`/`step` calls.
 
-    Sampling settings are fixed per engine; `max_new_tokens` bounds one reply (a row's
-    `limit` may be lower). `stats` (shared with the caller when given) accumulates timings.
+    `temperature`, `top_p` and `top_k` are every reply's default (`submit` may set a reply's
+    own); `max_new_tokens` bounds one reply (a row's `limit` may be lower). `stats` (shared with the caller when given) accumulates timings.
     `kv_cache` is "contiguous" (one cache row per row) or "paged" (`page_size` slots a page;
     `cache_tokens` sizes the pool up front, else it starts at `MIN_CACHE_BUCKET` slots a row and
     grows; `paged_attention` picks `paged_attention.paged_attention`'s implementation). Both
@@ -157,13 +165,12 @@ class RowEngine:
         self.rows = bucket(rows, 1, batch_shards(policy.mesh, policy.rules))
         self.max_new_tokens = int(max_new_tokens)
         self.num_steps = bucket(max_new_tokens, 16)
-        self.truncate = top_k > 0 or top_p < 1
+        self.defaults = (float(temperature), float(top_p), int(top_k))
         stops = np.full((bucket(len(stop_token_ids), 4),), -1, np.int32)
         stops[: len(stop_token_ids)] = np.asarray(stop_token_ids, np.int32)
         self._scalars = {
             "stops_S": stops, "seed": np.asarray(int(seed) % 2**32, np.uint32),
-            "temperature": np.asarray(temperature, np.float32), "top_p": np.asarray(top_p, np.float32),
-            "top_k": np.asarray(top_k, np.int32), "pad_id": np.asarray(self.pad_id, np.int32),
+            "pad_id": np.asarray(self.pad_id, np.int32),
         }
         self.stats = stats if stats is not None else EngineStats()
         R = self.rows
@@ -174,8 +181,12 @@ class RowEngine:
         self.limit = np.zeros(R, np.int32)
         self.stream = np.zeros(R, np.uint32)
         self.turn = np.zeros(R, np.uint32)
+        self.temperature = np.full(R, temperature, np.float32)  # the reply's sampling settings
+        self.top_p = np.full(R, top_p, np.float32)
+        self.top_k = np.full(R, top_k, np.int32)
         self._reply_logprobs: list[list[float]] = [[] for _ in range(R)]  # the reply's tokens end `history`
         self._appends: dict[int, list[int]] = {}
+        self._allowed: dict[int, np.ndarray] = {}  # row -> the tokens its reply may draw (V,) bool
         self._cache = None  # contiguous: per-layer (k_BKHS, v_BKSH); paged: per-layer pools
         self._pages = None
         if kv_cache == "paged":
@@ -200,15 +211,20 @@ class RowEngine:
         self.history[row] = []
         self.lengths[row] = 0
         self._appends.pop(row, None)
+        self._allowed.pop(row, None)
         if self._pages is not None:
             self._pages.release(row)
 
-    def submit(self, row: int, tokens: Sequence[int], *, stream: int, turn: int, limit: int | None = None) -> None:
+    def submit(self, row: int, tokens: Sequence[int], *, stream: int, turn: int, limit: int | None = None,
+               temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+               allowed_tokens: Sequence[int] | None = None) -> None:
         """Starts a reply after `tokens`, the row's whole conversation so far.
 
         On a row in use, `tokens` must extend what the row holds (its earlier tokens and the
         reply it sampled); only the new tokens are computed. `limit` caps the reply's length
-        (default `max_new_tokens`). The work runs at the next `step`.
+        (default `max_new_tokens`); `temperature`, `top_p` and `top_k` are this reply's (default:
+        the engine's). `allowed_tokens`: the only tokens the reply may draw (the stop tokens
+        only if listed; log-probs stay the unmodified policy's). The work runs at the next `step`.
         """
         tokens = [int(t) for t in tokens]
         held = self.history[row]
@@ -219,9 +235,15 @@ class RowEngine:
         limit = self.max_new_tokens if limit is None else int(limit)
         if not 1 <= limit <= self.max_new_tokens:
             raise ValueError(f"limit must be in [1, {self.max_new_tokens}], got {limit}")
+        settings = tuple(d if v is None else v for v, d in zip((temperature, top_p, top_k), self.defaults))
+        check_sampling_args(limit, *settings)
         vocab = self.policy.config.vocab_size
         if min(tokens) < 0 or max(tokens) >= vocab:
             raise ValueError(f"row {row}: token ids outside [0, {vocab})")
+        if allowed_tokens is not None:
+            allowed = np.asarray(allowed_tokens, np.int64)
+            if allowed.size == 0 or allowed.min() < 0 or allowed.max() >= vocab:
+                raise ValueError(f"row {row}: allowed_tokens must be a non-empty set of ids in [0, {vocab})")
         if len(tokens) + limit > self.policy.config.max_position_embeddings:
             raise ValueError(f"row {row}: {len(tokens)} tokens + a {limit}-token reply exceed the model's "
                              f"max_position_embeddings ({self.policy.config.max_position_embeddings})")
@@ -234,6 +256,11 @@ class RowEngine:
         self.limit[row] = limit
         self.stream[row] = stream % 2**32
         self.turn[row] = turn % 2**32
+        self.temperature[row], self.top_p[row], self.top_k[row] = settings
+        self._allowed.pop(row, None)
+        if allowed_tokens is not None:
+            self._allowed[row] = np.zeros(vocab, bool)
+            self._allowed[row][allowed] = True
         self._reply_logprobs[row] = []
 
     @property
@@ -355,21 +382,38 @@ class RowEngine:
             "last_B": np.asarray([h[-1] if h else self.pad_id for h in self.history], np.int32),
             "lengths_B": self.lengths.copy(), "active_B": self.active.copy(), "reply_len_B": self.reply_len.copy(),
             "limit_B": self.limit.copy(), "stream_B": self.stream.copy(), "turn_B": self.turn.copy(),
-            **self._scalars, "exit_after": np.asarray(exit_after, np.int32), "shrink_at": np.asarray(0, np.int32),
+            **self.settings_B(np.arange(self.rows)), **self._scalars, "exit_after": np.asarray(exit_after, np.int32),
+            "shrink_at": np.asarray(0, np.int32),
         }
         return self._run_chunk("decode", (self.cache_length,), np.arange(self.rows), host,
                                self._cache_shardings(self.cache_length))
 
+    def settings_B(self, rows_B: np.ndarray) -> dict:
+        """The decode program's per-row sampling inputs for batch rows `rows_B` (-1: padding, the defaults)."""
+        real_B = rows_B >= 0
+        return {name: np.where(real_B, values[np.maximum(rows_B, 0)], default).astype(values.dtype)
+                for name, values, default in zip(("temperature_B", "top_p_B", "top_k_B"),
+                                                 (self.temperature, self.top_p, self.top_k), self.defaults)}
+
     def _run_chunk(self, kind: str, shape: tuple, rows_B: np.ndarray, host: dict, cache_shardings) -> list[Reply]:
-        """Runs one decode program over the batch rows `rows_B` (-1: padding) and records its replies."""
+        """Runs one decode program over the batch rows `rows_B` (-1: padding) and records its replies.
+        The top-k/top-p filter and the token mask are compiled in when an active row of the chunk
+        asks for them."""
+        on = rows_B[rows_B >= 0]
+        on = on[self.active[on]]
+        truncate = bool(((self.top_k[on] > 0) | (self.top_p[on] < 1)).any())
+        masked = any(int(r) in self._allowed for r in on)
+        if masked:
+            everything = np.ones(self.policy.config.vocab_size, bool)
+            host = {**host, "allowed_BV": np.stack([self._allowed.get(int(r), everything) for r in rows_B])}
         args = place_inputs(host, self.policy.mesh, self.policy.rules)
         inputs = [args.get(n) for n in _DECODE_INPUTS]
         replicated = NamedSharding(self.policy.mesh, PartitionSpec())
-        decode = self._program(kind, (*shape, self.num_steps, self.truncate), lambda: jax.jit(
+        decode = self._program(kind, (*shape, self.num_steps, truncate, masked), lambda: jax.jit(
             _decode, static_argnames=("graphdef", "num_steps", "truncate", "attention", "mesh", "rules"),
             donate_argnums=(1,), out_shardings=(replicated, cache_shardings),
         ).lower(self._state, self._cache, *inputs, graphdef=self._graphdef, num_steps=self.num_steps,
-                truncate=self.truncate, attention=self.paged_attention, mesh=self.policy.mesh, rules=self.policy.rules))
+                truncate=truncate, attention=self.paged_attention, mesh=self.policy.mesh, rules=self.policy.rules))
         start = time.perf_counter()
         out, self._cache = decode(self._state, self._cache, *inputs)
         tokens_BN, logprobs_BN, count_B, finished_B, stopped_B, steps = jax.device_get(out)
@@ -502,7 +546,7 @@ class RowEngine:
                 "last_B": np.asarray([self.history[r][-1] if r >= 0 else self.pad_id for r in rows_B], np.int32),
                 "lengths_B": pick(self.lengths, 0), "active_B": real_B.copy(), "reply_len_B": pick(self.reply_len, 0),
                 "limit_B": pick(self.limit, 1), "stream_B": pick(self.stream, 0), "turn_B": pick(self.turn, 0),
-                **self._scalars, "exit_after": np.asarray(exit_after - len(replies), np.int32),
+                **self.settings_B(rows_B), **self._scalars, "exit_after": np.asarray(exit_after - len(replies), np.int32),
                 "shrink_at": np.asarray(shrink_at, np.int32),
             }
             P = self._pages.num_pages
@@ -540,7 +584,8 @@ class RowEngine:
 
 
 _DECODE_INPUTS = ("page_table_BM", "last_B", "lengths_B", "active_B", "reply_len_B", "limit_B", "stream_B", "turn_B",
-                  "stops_S", "seed", "temperature", "top_p", "top_k", "pad_id", "exit_after", "shrink_at")
+                  "stops_S", "seed", "temperature_B", "top_p_B", "top_k_B", "allowed_BV", "pad_id", "exit_after",
+                  "shrink_at")
 
 
 def _init_cache(config, rows, length, mesh, rules):
@@ -600,14 +645,16 @@ class _Chunk:
 
 
 def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_B, limit_B, stream_B, turn_B, stops_S,
-            seed, temperature, top_p, top_k, pad_id, exit_after, shrink_at, *, graphdef, num_steps, truncate,
+            seed, temperature_B, top_p_B, top_k_B, allowed_BV, pad_id, exit_after, shrink_at, *, graphdef, num_steps,
+            truncate,
             attention, mesh, rules):
     """Decodes every active row until `exit_after` replies finished, at most `shrink_at` rows are
     active (0: none; with `page_table_BM`, in every batch shard's segment), or `num_steps` steps.
 
     Each iteration feeds every row's pending token at its next slot (idle rows write a slot
     past their real ones, overwritten later or never read), samples the next token of the
-    active rows and records it. With `page_table_BM` the cache is the paged pools: the "xla"
+    active rows (among `allowed_BV`'s tokens, when given) and records it. With `page_table_BM`
+    the cache is the paged pools: the "xla"
     `attention` gathers the rows into contiguous caches for the chunk and writes the new slots
     back at its end (`paged_cache.rows_from_pages`); the kernel reads and writes the pages at
     every step. Returns `(tokens_BN, logprobs_BN, count_B, finished_B, stopped_B, steps)` and
@@ -638,7 +685,8 @@ def _decode(state, cache, page_table_BM, last_B, lengths_B, active_B, reply_len_
     def body(c: _Chunk) -> _Chunk:
         hidden_B1D, cache = extend(c)
         logits_BV = model.logits_from_hidden(hidden_B1D)[:, 0]
-        tokens_B = select_tokens(logits_BV, keys(c.reply_len_B), temperature, top_k, top_p, truncate=truncate)
+        drawn_BV = logits_BV if allowed_BV is None else jnp.where(allowed_BV, logits_BV, -jnp.inf)
+        tokens_B = select_tokens(drawn_BV, keys(c.reply_len_B), temperature_B, top_k_B, top_p_B, truncate=truncate)
         logprobs_B = token_logprobs(logits_BV, tokens_B)
         on_B = c.active_B
         grown_B = on_B.astype(jnp.int32)

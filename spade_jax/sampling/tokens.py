@@ -22,29 +22,36 @@ def first_argmax(x_BV: jax.Array) -> jax.Array:
 def filter_logits(scaled_BV: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """Masks (to -inf) tokens outside the top-k, then outside the top-p nucleus of what remains.
 
-    `scaled_BV` are temperature-scaled logits. `top_k <= 0` keeps every token; `top_p >= 1`
-    keeps the whole (top-k) distribution. Tokens tied with the last kept value are kept too.
+    `scaled_BV` are temperature-scaled logits; `top_k` and `top_p` are scalars or one value per
+    row. `top_k <= 0` keeps every token; `top_p >= 1` keeps the whole (top-k) distribution.
+    Tokens tied with the last kept value are kept too.
 
     Rather than sorting the vocabulary (XLA:CPU's sort is slow), each cut is found by
     bisection over the order-preserving integer image of the float logits: the kept set
     is `{logit >= threshold}`, with the threshold the largest key that still keeps k
-    tokens (top-k) or probability mass >= p (top-p). 32 halvings pin it down exactly.
+    tokens (top-k) or probability mass >= p (top-p). 32 halvings pin it down exactly; a
+    cut no row asks for is skipped.
     """
+    B = scaled_BV.shape[0]
+    top_k_B, top_p_B = jnp.broadcast_to(top_k, (B,)), jnp.broadcast_to(top_p, (B,))
     keys_BV = _ordered_keys(scaled_BV)
+    none_B = jnp.zeros(keys_BV.shape[:1], jnp.uint32)  # key 0: every token kept
 
     def top_k_threshold():
-        k = jnp.minimum(top_k, scaled_BV.shape[-1])
-        return _largest_key_where(lambda m_B1: jnp.sum(keys_BV >= m_B1, axis=-1) >= k, keys_BV)
+        k_B = jnp.minimum(top_k_B, scaled_BV.shape[-1])
+        return _largest_key_where(lambda m_B1: jnp.sum(keys_BV >= m_B1, axis=-1) >= k_B, keys_BV)
 
-    keep_min_B = jax.lax.cond(top_k > 0, top_k_threshold, lambda: jnp.zeros(keys_BV.shape[:1], jnp.uint32))
+    cut_k_B = top_k_B > 0
+    keep_min_B = jnp.where(cut_k_B, jax.lax.cond(jnp.any(cut_k_B), top_k_threshold, lambda: none_B), none_B)
     weights_BV = jnp.where(keys_BV >= keep_min_B[:, None], jnp.exp(scaled_BV - jnp.max(scaled_BV, -1, keepdims=True)), 0.0)
 
     def top_p_threshold():
-        needed_B = top_p * jnp.sum(weights_BV, axis=-1)
+        needed_B = top_p_B * jnp.sum(weights_BV, axis=-1)
         mass = lambda m_B1: jnp.sum(jnp.where(keys_BV >= m_B1, weights_BV, 0.0), axis=-1)
         return _largest_key_where(lambda m_B1: mass(m_B1) >= needed_B, keys_BV)
 
-    keep_min_B = jax.lax.cond(top_p < 1, top_p_threshold, lambda: keep_min_B)
+    cut_p_B = top_p_B < 1
+    keep_min_B = jnp.where(cut_p_B, jax.lax.cond(jnp.any(cut_p_B), top_p_threshold, lambda: keep_min_B), keep_min_B)
     return jnp.where(keys_BV >= keep_min_B[:, None], scaled_BV, -jnp.inf)
 
 
@@ -80,24 +87,27 @@ def select_tokens(
     *,
     truncate: bool,
 ) -> jax.Array:
-    """Next token per row: argmax when `temperature` is 0, else a draw from the tempered softmax.
+    """Next token per row: argmax where the temperature is 0, else a draw from the tempered softmax.
 
     `keys_B` holds one PRNG key per row, so a row's draw does not depend on the other rows.
+    `temperature`, `top_k` and `top_p` are scalars or one value per row (rows with different
+    settings sample in one batch; a row draws what it would draw in a batch of its own settings).
     `truncate` (static) adds the top-k / top-p filter (a few dozen passes over the logits);
     greedy and plain sampling share one program since temperature is a traced value.
     """
     logits_BV = logits_BV.astype(jnp.float32)
-    greedy = temperature == 0
-    scaled_BV = logits_BV / jnp.where(greedy, 1.0, temperature)
+    B, V = logits_BV.shape
+    temperature_B = jnp.broadcast_to(temperature, (B,))
+    greedy_B = temperature_B == 0
+    scaled_BV = logits_BV / jnp.where(greedy_B, 1.0, temperature_B)[:, None]
     if truncate:
         scaled_BV = filter_logits(scaled_BV, top_k, top_p)
-    V = logits_BV.shape[-1]
     noise_BV = jax.lax.cond(
-        greedy,
+        jnp.all(greedy_B),
         lambda: jnp.zeros_like(scaled_BV),
         lambda: jax.vmap(lambda key: jax.random.gumbel(key, (V,), jnp.float32))(keys_B),
     )
-    return first_argmax(scaled_BV + noise_BV)
+    return first_argmax(scaled_BV + jnp.where(greedy_B[:, None], 0.0, noise_BV))
 
 
 def token_logprobs(logits_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:
