@@ -38,6 +38,21 @@ def validated(config):
     return config
 
 
+def run_config(workdir: str):
+    """The config the run in `workdir` was started with (``WORKDIR/config.json``, which the main job
+    writes), or None when `workdir` holds none."""
+    import json
+    import os
+
+    import ml_collections
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
 def use_compile_cache(config, workdir: str | None) -> None:
     """Turns on the persistent compilation cache `config.compile_cache_dir` names
     (`compile_cache.cache_dir`) before this command's first compile, and logs where it is."""

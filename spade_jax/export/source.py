@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import ml_collections
@@ -12,13 +11,14 @@ from spade_jax.export.hf import ExportError
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a run was started with (``WORKDIR/config.json``, written by the main job)."""
+    from spade_jax import cli
+
     if not os.path.isdir(workdir):
         raise ExportError(f"the run directory {workdir} does not exist")
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    config = cli.run_config(workdir)
+    if config is None:
         raise ExportError(f"{workdir} has no config.json (not a run directory?); name its preset with --config")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    return config
 
 
 def checkpoint_steps(workdir: str) -> list[int]:
