@@ -171,13 +171,37 @@ def test_tool_round_trip_renders_the_calls(client, server):
                 {"role": "tool", "tool_call_id": "call_1", "content": "48.9N 2.4E"}]
     reply = client.chat.completions.create(model="random-test", messages=messages, tools=tools, max_tokens=4)
     tokenizer = server["tokenizer"]
-    chat = tools_lib.to_chat(messages, tools_lib.parse_tools(tools, None), tokenizer.escape_special)
+    chat = tools_lib.to_chat(messages, tools_lib.parse_tools(tools, None)[0], tokenizer.escape_special)
     assert chat[0]["role"] == "system" and '"name": "locate"' in chat[0]["content"]
     assert chat[2]["content"] == '<tool_call>{"name": "locate", "arguments": {"city": "Paris"}}</tool_call>'
     assert chat[3] == {"role": "user", "content": "<tool_response>\n48.9N 2.4E\n</tool_response>"}
     assert reply.usage.prompt_tokens == len(tokenizer.apply_chat_template(chat))
-    with pytest.raises(openai.BadRequestError, match="tool_choice"):
-        client.chat.completions.create(model="random-test", messages=messages, tools=tools, tool_choice="required")
+
+
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"The {name} tool.",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+         for name in ("locate", "lookup", "forecast")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named_force_a_parseable_call(client, stream):
+    """A random model never calls a tool by itself; forced, every reply is one call of a declared
+    tool (of the named one) whose arguments parse as a JSON object."""
+    messages = [{"role": "user", "content": "Where is Seoul?"}]
+    for choice, names in (("required", {"locate", "lookup", "forecast"}),
+                          ({"type": "function", "function": {"name": "lookup"}}, {"lookup"})):
+        for seed in range(3):
+            reply = client.chat.completions.create(model="random-test", messages=messages, tools=TOOLS,
+                                                   tool_choice=choice, max_tokens=40, temperature=1.5, seed=seed,
+                                                   stream=stream)
+            if stream:
+                chunks = list(reply)
+                assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+            else:
+                calls = reply.choices[0].message.tool_calls
+            (call,) = calls
+            assert call.function.name in names and isinstance(json.loads(call.function.arguments), dict)
 
 
 BAD_REQUESTS = [
@@ -218,10 +242,12 @@ def test_malformed_and_oversize_bodies(server, client):
     code, error = _post(server, "/v1/nothing", {})
     assert code == 404 and error["error"]["message"]
     context = client.models.list().data[0].model_extra["max_model_len"]
-    with pytest.raises(openai.BadRequestError, match="context"):
-        client.completions.create(model="random-test", prompt=[3] * (context + 1), max_tokens=1)
-    with pytest.raises(openai.BadRequestError, match="exceed the context"):
-        client.completions.create(model="random-test", prompt=[3] * (context - 8), max_tokens=16)
+    for prompt, max_tokens in ((context + 1, None), (context - 8, 16)):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="random-test", prompt=[3] * prompt, **(
+                {"max_tokens": max_tokens} if max_tokens else {}))
+        assert err.value.code == "context_length_exceeded" and err.value.type == "invalid_request_error"
+        assert err.value.body["message"].startswith(f"This model's maximum context length is {context} tokens")
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         _chat(client, max_tokens=MAX_TOKENS + 1)
 
@@ -298,6 +324,101 @@ def test_the_acebench_simulated_user_can_be_this_server(server):
     assert user.model == "random-test"
     hello, again, long = user([[{"role": "user", "content": "hi"}]] * 2 + [[{"role": "user", "content": "x " * 9000}]])
     assert isinstance(hello, str) and hello == again and long is None  # greedy; a chat past the context: no line
+
+
+LITELLM_SCRIPT = """
+import json, sys
+import litellm
+
+url, tools = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for provider in ("openai", "hosted_vllm"):
+    try:
+        litellm.completion(model=provider + "/random-test", api_base=url, api_key="unused", max_tokens=4,
+                           messages=[{"role": "user", "content": "x " * 9000}], num_retries=0)
+        out[provider] = "answered"
+    except litellm.ContextWindowExceededError:
+        out[provider] = "ContextWindowExceededError"
+    except Exception as err:
+        out[provider] = type(err).__name__
+reply = litellm.completion(model="openai/random-test", api_base=url, api_key="unused", max_tokens=40, tools=tools,
+                           tool_choice="required", messages=[{"role": "user", "content": "Where is Seoul?"}])
+call = reply.choices[0].message.tool_calls[0].function
+out["call"] = [call.name, json.loads(call.arguments)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def litellm_python() -> str:
+    """An interpreter with litellm: this one, or $SPADE_LITELLM_PYTHON (litellm's dependencies, boto3's
+    python-dateutil<3 among them, do not install beside the test extras, so it lives in its own venv:
+    `python3 -m venv /tmp/litellm && /tmp/litellm/bin/pip install litellm`)."""
+    import importlib.util
+
+    if importlib.util.find_spec("litellm") is not None:
+        return sys.executable
+    python = os.environ.get("SPADE_LITELLM_PYTHON")
+    if not python:
+        pytest.skip("litellm is not installed here; set SPADE_LITELLM_PYTHON to an interpreter that has it")
+    return python
+
+
+def test_litellm_sees_a_context_window_error_and_a_forced_call(server, litellm_python):
+    """litellm's own error mapping turns the overflow refusal into ContextWindowExceededError (which
+    its context-window fallbacks act on), through both of its OpenAI-compatible providers."""
+    proc = subprocess.run([litellm_python, "-c", LITELLM_SCRIPT, server["url"] + "/v1", json.dumps(TOOLS)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["openai"] == out["hosted_vllm"] == "ContextWindowExceededError", out
+    name, arguments = out["call"]
+    assert name in {"locate", "lookup", "forecast"} and isinstance(arguments, dict)
+
+
+def _hang_up(server, head: bytes, body: bytes, pause_s: float = 0.0) -> None:
+    """Sends a request's head and part of its body on a raw socket, then closes it."""
+    host, port = server["url"].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        time.sleep(pause_s)
+        sock.sendall(body)
+
+
+@pytest.mark.parametrize("head,body,pause_s", [
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+     b"Content-Length: 400\r\n\r\n", b'{"model": "random-test", "messages": [', 0.0),  # shorter than declared
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+     b'10\r\n{"model": "random\r\n', 0.0),  # a chunked body never terminated
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n{\"model\": ",
+     b'"random-test", "pro', 0.3),  # gone mid-body, between two sends
+], ids=["short body", "unterminated chunked body", "mid-body"])
+def test_a_client_that_hangs_up_mid_body_is_one_info_line(server, head, body, pause_s):
+    before = server["log"].read_text().count("client disconnected")
+    _hang_up(server, head, body, pause_s)
+    deadline = time.monotonic() + 30  # a liveness bound
+    while (log := server["log"].read_text()).count("client disconnected") == before:
+        assert time.monotonic() < deadline, log[-2000:]
+        time.sleep(0.05)
+    time.sleep(0.2)  # a second line or a traceback would follow at once
+    log = server["log"].read_text()
+    assert log.count("client disconnected") == before + 1
+    line = [l for l in log.splitlines() if "client disconnected" in l][-1]
+    assert " INFO " in line and "before the request body was read whole" in line
+    assert "Traceback" not in log and "Exception in ASGI application" not in log
+
+
+def test_every_request_has_an_access_line_and_the_log_has_no_traceback(server, client):
+    _chat(client, max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        _chat(client, temperature=9)
+    time.sleep(0.2)
+    lines = server["log"].read_text().splitlines()
+    assert any("POST /v1/chat/completions 200 tokens=" in l for l in lines)
+    assert any(" 400 " in l and "'temperature' must be in" in l for l in lines)
+    assert any("GET /health 200" in l for l in lines) and any("POST /v1/nothing 404" in l for l in lines)
+    assert not any("Traceback" in l or "Exception in ASGI application" in l for l in lines)
 
 
 def test_sigterm_finishes_or_fails_in_flight_requests(server, client):

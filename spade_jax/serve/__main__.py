@@ -3,12 +3,14 @@
     python -m spade_jax.serve --workdir=workdirs/tiny --port=8000
     python -m spade_jax.serve --config=configs/smollm2_135m.py --workdir=/tmp/s --step=none --port=8000
 
-The policy is the one `spade_jax.evals` scores: the preset's (``--config``) with the
-parameters of checkpoint ``--step`` of ``--workdir`` (a step, ``latest`` (default: the newest
-if any) or ``none``). A bootstrap preset must find its bootstrap already cached (the server
-never trains one). Binds 127.0.0.1 unless ``--host`` says otherwise. SIGTERM (or Ctrl-C)
-stops accepting requests, fails the queued ones with 503, lets the decoding ones finish
-for up to ``--shutdown_timeout`` seconds, fails the rest explicitly, then exits 0.
+The policy is the one `spade_jax.evals` scores: the run's own config (``WORKDIR/config.json``,
+which the main job writes; ``--config`` names another preset instead) with the parameters of
+checkpoint ``--step`` of ``--workdir`` (a step, ``latest`` (default: the newest if any) or
+``none``). A bootstrap preset must find its bootstrap already cached (the server never trains
+one). Binds 127.0.0.1 unless ``--host`` says otherwise. Logs a line per request
+(``--noaccess_log``: only refused, failed and disconnected ones). SIGTERM (or Ctrl-C) stops
+accepting requests, fails the queued ones with 503, lets the decoding ones finish for up to
+``--shutdown_timeout`` seconds, fails the rest explicitly, then exits 0.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ import uvicorn
 from absl import app, flags
 from ml_collections import config_flags
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 if __name__ == "__main__":
     from spade_jax.cli import refuse_renamed
 
     refuse_renamed(sys.argv)
 
-config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Preset file (default: the run's WORKDIR/config.json).",
+                                lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (its checkpoints, its cached bootstrap).", required=True)
 flags.DEFINE_string("step", "latest", "A checkpoint step, 'latest' or 'none' (initial weights).")
 flags.DEFINE_string("bootstrap", None, "A bootstrap directory to serve (with WORKDIR's checkpoints) instead of the "
@@ -43,6 +44,7 @@ flags.DEFINE_integer("max_queue", 256, "Requests waiting for a row before new on
 flags.DEFINE_integer("max_tokens", 2048, "Most tokens one reply may ask for.")
 flags.DEFINE_float("shutdown_timeout", 30.0, "Seconds decoding requests get to finish after SIGTERM.")
 flags.DEFINE_string("model_name", "", "Model id served (default: the workdir's name and the step).")
+flags.DEFINE_bool("access_log", True, "Log a line per request (else only refused, failed and disconnected ones).")
 FLAGS = flags.FLAGS
 
 
@@ -83,8 +85,13 @@ def main(argv) -> None:
     from spade_jax.serve.protocol import Limits
     from spade_jax.serve.scheduler import Scheduler
 
-    config = cli.validated(FLAGS.config)
     workdir = os.path.abspath(FLAGS.workdir)
+    config = FLAGS.config if FLAGS.config is not None else cli.run_config(workdir)
+    if config is None:
+        print(f"error: {workdir} has no config.json (not a run directory?): name its preset with --config",
+              file=sys.stderr)
+        raise SystemExit(cli.USAGE_ERROR)
+    config = cli.validated(config)
     policy, step = _policy(config, workdir)
     if policy.tokenizer is None:
         raise app.UsageError("the policy has no tokenizer: serving needs text (set model.tokenizer_path)")
@@ -93,15 +100,27 @@ def main(argv) -> None:
     context = policy.config.max_position_embeddings
     limits = Limits(context=context, max_tokens=min(FLAGS.max_tokens, context - 1),
                     max_choices=min(scheduler.rows, 8))
+    _log_requests()
     scheduler.start()
-    server = _Server(uvicorn.Config(create_app(scheduler, limits, model_id), host=FLAGS.host, port=FLAGS.port,
-                                    log_level="warning", timeout_graceful_shutdown=FLAGS.shutdown_timeout + 5),
+    app_ = create_app(scheduler, limits, model_id, access_log=FLAGS.access_log)
+    server = _Server(uvicorn.Config(app_, host=FLAGS.host, port=FLAGS.port, log_level="warning", access_log=False,
+                                    timeout_graceful_shutdown=FLAGS.shutdown_timeout + 5),
                      scheduler, FLAGS.shutdown_timeout)
     print(f"serving {model_id} on http://{FLAGS.host}:{FLAGS.port}/v1 ({scheduler.rows} rows, context {context})",
           flush=True)
     server.run()
     scheduler.shutdown(0.0)
     print("server stopped: " + ", ".join(f"{k}={v}" for k, v in sorted(scheduler.status().items())), flush=True)
+
+
+def _log_requests() -> None:
+    """The request log (`app.RequestLog`'s ``spade_jax.serve`` logger) at info level on stderr."""
+    logger = logging.getLogger("spade_jax.serve")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 class _Server(uvicorn.Server):

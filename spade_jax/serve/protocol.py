@@ -2,8 +2,9 @@
 
 A request is adversarial input: unknown roles, wrong types, out-of-range sampling values,
 oversize prompts and unsupported options are refused with a 4xx `ServeError` that names
-the field, before anything reaches the scheduler. Unknown fields the official clients send
-(`user`, `stream_options`, `metadata`, ...) are accepted and ignored.
+the field, before anything reaches the scheduler; a prompt past the context in OpenAI's and
+vLLM's words and code (`context_exceeded`), which clients act on. Unknown fields the official
+clients send (`user`, `stream_options`, `metadata`, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ MAX_MESSAGES = 1024
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """What one engine samples with: requests with other values wait for the batch to drain."""
+    """What a request's replies sample with (each on its own engine row, beside any other settings)."""
 
     temperature: float
     top_p: float
+    top_k: int = 0  # vLLM's extension: 0 (or -1) keeps every token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Request:
     stream: bool
     include_usage: bool
     tools: tuple[str, ...]  # declared tool names (chat): replies' tool calls are parsed out
+    forced: tuple[str, ...] = ()  # a forced call's candidate names (`tool_choice` "required" or named)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +119,18 @@ def _refuse_unsupported(body: dict) -> None:
         raise _bad("'response_format' is not supported (only {'type': 'text'})", "response_format")
 
 
+def context_exceeded(context: int, prompt: int, completion: int, kind: str) -> ServeError:
+    """The overflow refusal in OpenAI's (and vLLM's) words and code, which clients act on: litellm
+    raises its ContextWindowExceededError on "This model's maximum context length is" (its
+    context-window fallbacks then run), the `openai` client's error carries the code."""
+    where = "messages" if kind == "chat" else "prompt"
+    return ServeError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                      f"{prompt + completion} tokens ({prompt} in the {where}, {completion} in the completion). "
+                      f"Please reduce the length of the {where} or completion.", where, code="context_length_exceeded")
+
+
 def _common(body: dict, kind: str, prompt_tokens: list[int], limits: Limits, tools: tuple[str, ...],
-            model_id: str) -> Request:
+            model_id: str, forced: tuple[str, ...] = ()) -> Request:
     model = body.get("model")
     if not isinstance(model, str):
         raise _bad("'model' must be a string", "model")
@@ -126,16 +139,14 @@ def _common(body: dict, kind: str, prompt_tokens: list[int], limits: Limits, too
                          "model_not_found")
     _refuse_unsupported(body)
     room = limits.context - len(prompt_tokens)
-    if room < 1:
-        raise _bad(f"the prompt has {len(prompt_tokens)} tokens; the context holds {limits.context} "
-                   "with at least one to generate", "messages" if kind == "chat" else "prompt")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, name, None, 1, limits.max_tokens)
+    if max_tokens is None and room < 1:
+        raise context_exceeded(limits.context, len(prompt_tokens), 1, kind)
     if max_tokens is None:
         max_tokens = min(room, limits.max_tokens)
     elif max_tokens > room:
-        raise _bad(f"{len(prompt_tokens)} prompt tokens + {name}={max_tokens} exceed the context of "
-                   f"{limits.context} tokens", name)
+        raise context_exceeded(limits.context, len(prompt_tokens), max_tokens, kind)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
@@ -146,12 +157,13 @@ def _common(body: dict, kind: str, prompt_tokens: list[int], limits: Limits, too
         logprobs = True
     return Request(
         kind=kind, prompt_tokens=tuple(prompt_tokens), max_tokens=max_tokens,
-        sampling=Sampling(_number(body, "temperature", 1.0, 0.0, 2.0), _number(body, "top_p", 1.0, 0.0, 1.0,
-                                                                               low_open=True)),
+        sampling=Sampling(_number(body, "temperature", 1.0, 0.0, 2.0),
+                          _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                          max(0, _integer(body, "top_k", 0, -1, 2**31 - 1))),
         stop=_stop(body), seed=_integer(body, "seed", None, -(2**63), 2**64 - 1),
         n=_integer(body, "n", 1, 1, limits.max_choices),
         logprobs=_boolean({"logprobs": logprobs}, "logprobs"), stream=_boolean(body, "stream"),
-        include_usage=bool((stream_options or {}).get("include_usage")), tools=tools,
+        include_usage=bool((stream_options or {}).get("include_usage")), tools=tools, forced=forced,
     )
 
 
@@ -164,10 +176,10 @@ def chat_request(body: Any, tokenizer, limits: Limits, model_id: str) -> Request
         raise _bad("'messages' must be a non-empty list", "messages")
     if len(messages) > MAX_MESSAGES:
         raise _bad(f"at most {MAX_MESSAGES} messages", "messages")
-    tool_specs = tools_lib.parse_tools(body.get("tools"), body.get("tool_choice"))
+    tool_specs, forced = tools_lib.parse_tools(body.get("tools"), body.get("tool_choice"))
     chat = tools_lib.to_chat(messages, tool_specs, tokenizer.escape_special)
     prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True)
-    return _common(body, "chat", prompt, limits, tuple(t.name for t in tool_specs), model_id)
+    return _common(body, "chat", prompt, limits, tuple(t.name for t in tool_specs), model_id, forced)
 
 
 def completion_request(body: Any, tokenizer, limits: Limits, model_id: str) -> Request:

@@ -16,6 +16,7 @@ import re
 import secrets
 from typing import Any, Callable
 
+from spade_jax.serve import client_json
 from spade_jax.serve.errors import ServeError
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -35,12 +36,21 @@ def _bad(message: str, param: str) -> ServeError:
     return ServeError(400, message, param)
 
 
-def parse_tools(tools: Any, tool_choice: Any) -> list[ToolSpec]:
-    """The request's function tools (`tool_choice` "none" drops them; only "auto"/"none" are served)."""
-    if tool_choice not in (None, "auto", "none"):
-        raise _bad("'tool_choice' must be 'auto' or 'none' (forcing a call is not supported)", "tool_choice")
-    if tools is None or tool_choice == "none":
-        return []
+def parse_tools(tools: Any, tool_choice: Any) -> tuple[list[ToolSpec], tuple[str, ...]]:
+    """The request's function tools and the names a forced call picks from: none for `tool_choice`
+    "auto" (the default), every tool's for "required", one for a named function
+    (``{"type": "function", "function": {"name": ...}}``); "none" drops the tools."""
+    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(
+        tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str)
+    if tool_choice not in (None, "auto", "none", "required") and not named:
+        raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                   "{'name': NAME}}", "tool_choice")
+    if tool_choice == "none":
+        return [], ()
+    if tools is None:
+        if tool_choice == "required" or named:
+            raise _bad("'tool_choice' forces a tool call but the request declares no 'tools'", "tool_choice")
+        return [], ()
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise _bad(f"'tools' must be a list of at most {MAX_TOOLS} tools", "tools")
     specs = []
@@ -57,7 +67,15 @@ def parse_tools(tools: Any, tool_choice: Any) -> list[ToolSpec]:
         specs.append(ToolSpec(name, {"name": name, "description": fn.get("description", ""), "parameters": params}))
     if len({s.name for s in specs}) != len(specs):
         raise _bad("tool names must be unique", "tools")
-    return specs
+    names = tuple(s.name for s in specs)
+    if named:
+        name = tool_choice["function"]["name"]
+        if name not in names:
+            raise _bad(f"'tool_choice' names the function '{name}', which 'tools' does not declare", "tool_choice")
+        return specs, (name,)
+    if tool_choice == "required" and not specs:
+        raise _bad("'tool_choice' is 'required' but 'tools' is empty", "tool_choice")
+    return specs, names if tool_choice == "required" else ()
 
 
 def tools_prompt(specs: list[ToolSpec]) -> str:
@@ -83,10 +101,7 @@ def _call_text(call: Any, where: str) -> str:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
         raise _bad(f"{where} must have function.name and function.arguments strings", where)
-    try:
-        arguments = json.loads(fn["arguments"])
-    except ValueError:
-        raise _bad(f"{where}.function.arguments is not JSON", where) from None
+    arguments = client_json.loads(fn["arguments"], f"{where}.function.arguments", where)
     return TOOL_CALL_OPEN + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
 
 
@@ -123,21 +138,24 @@ def to_chat(messages: list, specs: list[ToolSpec], escape: Callable[[str], str])
     return chat
 
 
+def openai_call(name: str, arguments: str) -> dict:
+    """A tool call in OpenAI's shape (`arguments`: JSON text), with a fresh id."""
+    return {"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def split_tool_calls(text: str, names: tuple[str, ...]) -> tuple[str | None, list[dict]]:
     """`(content, tool_calls)` of a reply: its well-formed calls of declared tools, in OpenAI's
     shape; the text before the first call is the content (None when empty). A reply without
     a well-formed call is all content."""
     calls = []
     for match in _CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except ValueError:
+        try:  # the model's text: as hostile as a client's (a prompt can ask for a call nested 10,000 deep)
+            call = client_json.loads(match.group(1), "a tool call")
+        except ServeError:
             continue
         if (isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments", {}), dict)
                 and len(calls) < MAX_TOOL_CALLS):
-            calls.append({"id": "call_" + secrets.token_hex(12), "type": "function",
-                          "function": {"name": call["name"],
-                                       "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
+            calls.append(openai_call(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False)))
     if not calls:
         return text, []
     content = text[: text.index(TOOL_CALL_OPEN)].strip()
