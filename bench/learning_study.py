@@ -206,9 +206,9 @@ def report(args) -> str:
 
         end = at_end(key)
 
-        def run_mean(metric, rows_list=runs, reduce=np.nanmean):
-            return [float(reduce([r[metric] for r in rows if metric in r])) if any(metric in r for r in rows)
-                    else None for rows in rows_list]
+        def run_mean(metric, rows_list=runs, reduce=np.nanmean):  # null (NaN) values left out
+            return [float(reduce([r[metric] for r in rows if r.get(metric) is not None]))
+                    if any(r.get(metric) is not None for r in rows) else None for rows in rows_list]
 
         def run_total(metric):
             return run_mean(metric, reduce=np.nansum)

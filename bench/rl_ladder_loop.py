@@ -110,10 +110,23 @@ def rung2_overrides(args) -> list[str]:
             "--config.designer.reward.rejected=penalty", "--config.eval.every=0"]
 
 
+def rung2b_overrides(args) -> list[str]:
+    """The preset made into rung 2b: the scripted player (`agent/scripted.py`) with ``--budget`` /
+    ``--hinted_budget`` / ``--width`` plays the designs (hinted plays are its larger budget: no
+    hint text, mode "resample"), a design round every iteration trained one iteration later on
+    its plays by the default reward (the blend) under the reference's rules (retries, rejected
+    designs dropped), the preset's slots and skills; no replays, no held-out evaluation."""
+    return ["--config.agent.player=scripted", f"--config.agent.scripted.budget={args.budget}",
+            f"--config.agent.scripted.hinted_budget={args.hinted_budget}", f"--config.agent.scripted.width={args.width}",
+            "--config.hints.mode=resample", "--config.designer.regeneration_period=1",
+            "--config.designer.reward_delay=1", "--config.agent.replay_envs=0", "--config.eval.every=0"]
+
+
 def study_args(args, arms) -> argparse.Namespace:
     """learning_study's arguments for this rung's runs (its report goes beside ours)."""
     shared_cache = [f"--config.compile_cache_dir={args.study_dir / 'xla_cache'}"]  # runs compile the same programs
-    override = shared_cache + (rung2_overrides(args) if args.rung == 2 else []) + list(args.override)
+    rung_overrides = {"2": rung2_overrides, "2b": rung2b_overrides}.get(args.rung, lambda args: [])
+    override = shared_cache + rung_overrides(args) + list(args.override)
     return argparse.Namespace(study_dir=args.study_dir, preset=args.preset, arms=list(arms), seeds=args.seeds,
                               iterations=args.iterations, agent_token_budget=args.agent_token_budget,
                               fixed_pool_envs=study.DEFAULT_FIXED_POOL_ENVS, override=override,
@@ -207,9 +220,10 @@ def initial_memory(config):
 
 def fresh_designs(designer, config, seed: int, n: int, pool):
     """One design per fresh prompt (slots, documents, exemplars from seeds training never uses),
-    admitted as the loop admits them. The same (config, seed, n) gives the same prompts."""
+    designed and admitted as the loop does, a failed slot again up to `designer.max_attempts`;
+    every attempt, in order. The same (config, seed, n) gives the same prompts."""
     from spade_jax.designer.corpus import Corpus
-    from spade_jax.designer.rollout import admit_samples, propose
+    from spade_jax.designer.rollout import admit_samples, assign_slots, design_with_retries, propose
     from spade_jax.selfplay import config as config_lib
 
     memory = initial_memory(config) if config.memory.enabled else None
@@ -218,15 +232,33 @@ def fresh_designs(designer, config, seed: int, n: int, pool):
         corpus_cfg = dataclasses.replace(config_lib.corpus_config(config), seed=derive_seed(seed, "ladder-corpus"))
         corpus = Corpus.from_config(corpus_cfg)
     cfg = dataclasses.replace(config_lib.designer_config(config), num_slots=n)
-    designs = propose(designer, memory, corpus, cfg, seed=derive_seed(seed, "ladder-prompts"))
-    return admit_samples(designs, pool, memory, config_lib.admission_config(config),
-                         seed=derive_seed(seed, "ladder-admission"))
+    admission = config_lib.admission_config(config)
+
+    def attempt(slots, k, earlier):
+        batch = propose(designer, memory, corpus, cfg, slots=slots, attempt=k, seed=derive_seed(seed, "ladder-prompts", k))
+        return admit_samples(batch, pool, memory, admission, seed=derive_seed(seed, "ladder-admission", k),
+                             earlier=earlier)
+
+    slots = dict(enumerate(assign_slots(cfg, np.random.default_rng(derive_seed(seed, "ladder-slots")))))
+    return design_with_retries(slots, cfg.max_attempts, attempt)
+
+
+def final_designs(designs) -> list:
+    """Each slot's admitted attempt, or its last one when none was admitted, in slot order."""
+    final = {}
+    for d in designs:
+        if d.slot not in final or not final[d.slot].admitted:
+            final[d.slot] = d
+    return [final[slot] for slot in sorted(final)]
 
 
 def play_designs(player, config, designs, seed: int, pool):
-    """The admitted designs as the loop's new pool: K plain and K hinted plays each (hints and
-    seeds by the loop's rules), recorded into `PoolEnv`s."""
+    """The admitted designs as the loop's new pool: `agent.episodes_per_env` plain and
+    `agent.hinted_episodes_per_env` hinted plays each (hints and seeds by the loop's rules), played
+    by ``player`` or, under ``agent.player="scripted"``, by the scripted player; recorded into
+    `PoolEnv`s."""
     from spade_jax.agent import matched_requests, play_episodes, write_hints
+    from spade_jax.agent.scripted import play_scripted
     from spade_jax.selfplay import config as config_lib
     from spade_jax.selfplay.state import PoolEnv
 
@@ -236,14 +268,18 @@ def play_designs(player, config, designs, seed: int, pool):
     hints = write_hints(player, [e.code for e in envs], hint_cfg, seed=derive_seed(seed, "ladder-hints"))
     for env, hint in zip(envs, hints):
         env.hint = hint
-    k, requests = config.agent.episodes_per_env, []
+    k, k_hinted, requests = config.agent.episodes_per_env, config.agent.hinted_episodes_per_env, []
     for e, env in enumerate(envs):
         seeds = [derive_seed(seed, "ladder-plays", e, j) % EPISODE_SEED_SPACE for j in range(k)]
         hinted = None if reward_cfg.matched_seeds else [
-            derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k)]
+            derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k_hinted)]
         requests += matched_requests(e, env.code, seeds, hint_cfg.mode, env.hint, hint_cfg.placebo_of, hinted)
-    agent_cfg = config_lib.agent_config(config)
-    for t in play_episodes(player, pool, requests, agent_cfg, seed=derive_seed(seed, "ladder-episodes")):
+    agent_cfg, stream = config_lib.agent_config(config), derive_seed(seed, "ladder-episodes")
+    if config.agent.player == "scripted":
+        trajectories = play_scripted(pool, requests, agent_cfg, config_lib.scripted_config(config), seed=stream)
+    else:
+        trajectories = play_episodes(player, pool, requests, agent_cfg, seed=stream)
+    for t in trajectories:
         env = envs[t.request.env_key]
         if t.dropped:
             env.step_timeouts += 1
@@ -258,14 +294,19 @@ def prompt_id(design) -> str:
     return f"{design.slot}:{digest}"
 
 
-def score_designs(designs, envs, config) -> dict:
-    """The loop's designer reward of every design (`scoring.designer_scores`, in prompt order; a
-    rejected one scores the failure penalty), with its admission and plain win rate."""
+def score_designs(designs, envs, config, *, unadmitted: str = "penalty") -> dict:
+    """The loop's designer reward of every slot's final design (`scoring.designer_scores`, in
+    prompt order), with its admission and plain win rate. A slot without an admitted design
+    scores the failure penalty (``unadmitted="penalty"``, rung 2's rule) or 0 (``"zero"``: under
+    the reference's rule it earns nothing)."""
     from spade_jax.selfplay import config as config_lib
     from spade_jax.selfplay import scoring
     from spade_jax.selfplay.state import PendingDesign
 
-    reward_cfg = dataclasses.replace(config_lib.reward_config(config), rejected="penalty")  # a reward per prompt
+    first = {d.slot: d for d in designs if d.attempt == 0}  # a slot is paired by its first prompt
+    designs = final_designs(designs)
+    rejected = "penalty" if unadmitted == "penalty" else "drop"
+    reward_cfg = dataclasses.replace(config_lib.reward_config(config), rejected=rejected)
     stats = scoring.env_statistics(envs, reward_cfg.regret_plays, reward_cfg.matched_seeds)
     by_id = {e.env_id: s for e, s in zip(envs, stats) if s is not None}
     env_ids = [f"fresh{d.slot:03d}" if d.admitted else None for d in designs]
@@ -274,9 +315,10 @@ def score_designs(designs, envs, config) -> dict:
            for d, env_id in zip(designs, env_ids)]
     scores = scoring.designer_scores(due, by_id, reward_cfg, weight=1.0, delayed=config.designer.reward_delay > 0,
                                      timed_out=frozenset(e.env_id for e in envs if e.step_timeouts))
-    return {"items": [prompt_id(d) for d in designs], "reward": scores.rewards.tolist(),
+    rewards = list(scores.rewards) if rejected == "penalty" else [scores.by_env_id.get(i, 0.0) for i in env_ids]
+    return {"items": [prompt_id(first[d.slot]) for d in designs], "reward": [float(r) for r in rewards],
             "admitted": [bool(d.admitted) for d in designs], "skill": [d.skill for d in designs],
-            "stage": [d.report.stage for d in designs],
+            "stage": [d.report.stage for d in designs], "attempts": [d.attempt + 1 for d in designs],
             "win_rate": [by_id[i].win_rate if i in by_id else None for i in env_ids],
             "code": [d.report.code if d.admitted else None for d in designs]}
 
@@ -407,6 +449,173 @@ def rung2_plot(records: dict, path: Path) -> None:
     right.set_xlabel("admitted programs' plain win rate (plateau band shaded)")
     right.set_ylabel("admitted designs")
     right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+# ---- rung 2b: the designer against the scripted player --------------------------------------
+
+
+def expected_reward(length: int, config) -> float:
+    """The default reward (blend) a design of solution ``length`` earns in expectation against the
+    scripted player, its finish probabilities standing in for win rates: where its frontier is."""
+    from spade_jax.rl import rewards as rew_lib
+    from spade_jax.selfplay import config as config_lib
+
+    scripted, cfg = config_lib.scripted_config(config), config_lib.reward_config(config)
+    p, p_hint = scripted.finish_probability(length, False), scripted.finish_probability(length, True)
+    return float(cfg.regret_weight * np.clip((p_hint - p) / cfg.regret_scale, 0, 1)
+                 + cfg.plateau_weight * rew_lib.plateau(p, cfg.plateau_low, cfg.plateau_high, cfg.plateau_ramp))
+
+
+def frontier(config, lengths=range(1, 9)) -> list[int]:
+    """The solution lengths of the largest expected reward (`expected_reward`)."""
+    values = {n: round(expected_reward(n, config), 9) for n in lengths}
+    return [n for n, v in values.items() if v == max(values.values())]
+
+
+def with_lengths(record: dict, config, seed: int, pool) -> dict:
+    """``record`` with each admitted design's solution length (`scripted.solution_lengths`)."""
+    from spade_jax.agent.scripted import solution_lengths
+
+    codes = [c for c in record["code"] if c]
+    lengths = iter(solution_lengths(pool, codes, derive_seed(seed, "ladder-length") % EPISODE_SEED_SPACE,
+                                    config.agent.max_turns))
+    return {**record, "length": [next(lengths) if c else None for c in record["code"]]}
+
+
+def run_lengths(workdir: Path, config, pool) -> dict:
+    """The solution length of every design a run admitted, by iteration (from its environment log)."""
+    from spade_jax.agent.scripted import solution_lengths
+    from spade_jax.selfplay.runlog import EnvLogEntry
+
+    path = workdir / "gallery" / "envs.jsonl"
+    rows = [EnvLogEntry.from_json(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    designed = [e for e in rows if e is not None and e.admitted and e.slot is not None and not e.is_seed]
+    lengths = solution_lengths(pool, [e.code for e in designed], 0, config.agent.max_turns) if designed else []
+    return {"iteration": [e.iteration for e in designed], "length": lengths}
+
+
+def rung2b(args) -> dict:
+    """Runs rung 2b's arms, then scores the initial and final designers per seed on fresh prompts
+    against the scripted player, with each admitted design's solution length, and the lengths
+    each run's designs had over its iterations."""
+    from spade_jax.sandbox import SandboxPool
+    from spade_jax.selfplay import config as config_lib
+
+    sargs = run_arms(args, RUNG2_ARMS)
+    records = {}
+    with progress_bar(len(args.seeds) * (1 + len(RUNG2_ARMS)), "rung 2b: fresh prompts", unit="designers") as bar:
+        for seed in args.seeds:
+            config = run_config(sargs, "frozen", seed)
+            with SandboxPool(config_lib.sandbox_config(config)) as pool:
+                def measure(designer, arm_config):
+                    designs = fresh_designs(designer, arm_config, seed, args.prompts, pool)
+                    envs = play_designs(designer, arm_config, designs, seed, pool)
+                    return with_lengths(score_designs(designs, envs, arm_config, unadmitted="zero"), arm_config,
+                                        seed, pool)
+
+                initial = load_policy(config, args.study_dir / "frozen" / f"seed{seed}", "none")
+                path = args.study_dir / "ladder" / f"rung2b-initial-seed{seed}-n{args.prompts}.json"
+                record = {"initial": cached(path, lambda: measure(initial, config)), "frontier": frontier(config)}
+                bar.update()
+                for arm in RUNG2_ARMS:
+                    workdir = args.study_dir / arm / f"seed{seed}"
+                    step = latest_step(workdir)
+                    path = args.study_dir / "ladder" / f"rung2b-{arm}-seed{seed}-step{step}-n{args.prompts}.json"
+                    arm_config = run_config(sargs, arm, seed)
+                    record[arm] = cached(path, lambda: measure(load_policy(arm_config, workdir, str(step)), arm_config))
+                    record[arm]["step"] = step
+                    record[arm]["run"] = cached(args.study_dir / "ladder" / f"rung2b-{arm}-seed{seed}-step{step}-run.json",
+                                                lambda: run_lengths(workdir, arm_config, pool))
+                    bar.update()
+            records[seed] = record
+    return records
+
+
+def _distance(lengths, target: list[int]) -> float:
+    """Mean distance of the known lengths to the nearest frontier length."""
+    known = [n for n in lengths if n is not None]
+    return float(np.mean([min(abs(n - t) for t in target) for n in known])) if known else math.nan
+
+
+def rung2b_report(records: dict) -> tuple[list[str], bool]:
+    """Markdown lines (per seed: fresh-prompt reward initial -> trained and frozen with sign tests,
+    admission, the admitted designs' solution lengths and distance to the frontier; samples) and
+    whether the bar is met: on every seed the trained designer's reward beats the frozen one's
+    with p < 0.05 and its designs are nearer the frontier."""
+    lines = ["| seed | arm | reward before → after | p (sign, vs before) | p (sign, vs frozen after) | "
+             "admitted per slot before → after | mean attempts after | solution length, median before → after | "
+             "distance to frontier before → after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    met = bool(records)
+    for seed, record in records.items():
+        before, control, target = record["initial"], record["frozen"], record["frontier"]
+        for arm in RUNG2_ARMS:
+            after = record[arm]
+            b, a = paired(before, after, "reward")
+            vs_control = "–"
+            if arm == "spade":
+                c, t = paired(control, after, "reward")
+                p_control = sign_test_p(c, t)
+                vs_control = f"{p_control:.3g} ({c.mean():.3f} → {t.mean():.3f})"
+                met &= (p_control < 0.05 and t.mean() > c.mean()
+                        and _distance(after["length"], target) < _distance(control["length"], target))
+            median = lambda r: _fmt(float(np.median([n for n in r["length"] if n is not None] or [math.nan])))
+            lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | {vs_control} | "
+                         f"{np.mean(before['admitted']):.2f} → {np.mean(after['admitted']):.2f} | "
+                         f"{np.mean(after['attempts']):.2f} | {median(before)} → {median(after)} | "
+                         f"{_distance(before['length'], target):.2f} → {_distance(after['length'], target):.2f} |")
+    if records:
+        first = next(iter(records.values()))
+        lines += ["", f"Frontier (the solution lengths of the largest expected reward): {first['frontier']}."]
+    lines += ["", "Sample of admitted programs the trained designer wrote at the end (first 3 admitted, "
+              "first 15 lines):", ""]
+    for seed, record in records.items():
+        after = record["spade"]
+        shown = [(s, c, n) for s, c, n in zip(after["skill"], after["code"], after["length"]) if c][:3]
+        for skill, code, length in shown:
+            lines += [f"seed {seed}, skill {skill}, solution length {length}:", "", "```python",
+                      *code.splitlines()[:15], "```", ""]
+    return lines, met
+
+
+def rung2b_plot(records: dict, path: Path) -> None:
+    """Per seed: each run's admitted designs' solution length over its iterations (mean per
+    iteration; the frontier shaded), and the fresh designs' lengths initial against trained."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    seeds = list(records)
+    fig = Figure(figsize=(9, 3.2 * len(seeds)), dpi=110)
+    FigureCanvasAgg(fig)
+    for row, seed in enumerate(seeds):
+        record = records[seed]
+        left, right = fig.add_subplot(len(seeds), 2, 2 * row + 1), fig.add_subplot(len(seeds), 2, 2 * row + 2)
+        low, high = min(record["frontier"]), max(record["frontier"])
+        for ax in (left, right):
+            ax.axhspan(low - 0.5, high + 0.5, color="grey", alpha=0.15) if ax is left else ax.axvspan(
+                low - 0.5, high + 0.5, color="grey", alpha=0.15)
+        for arm in RUNG2_ARMS:
+            run = record[arm]["run"]
+            by_it = {}
+            for it, n in zip(run["iteration"], run["length"]):
+                if n is not None:
+                    by_it.setdefault(it, []).append(n)
+            its = sorted(by_it)
+            left.plot(its, [np.mean(by_it[i]) for i in its], marker=".", label=arm)
+        left.set_title(f"seed {seed}: designs in training (frontier shaded)", fontsize=8)
+        left.set_xlabel("iteration")
+        left.set_ylabel("solution length (actions)")
+        left.legend(fontsize=7)
+        bins = np.arange(0.5, 9.5)
+        for key in ("initial", "spade"):
+            right.hist([n for n in record[key]["length"] if n is not None], bins=bins, alpha=0.5,
+                       label=key if key == "initial" else "trained")
+        right.set_title(f"seed {seed}: fresh prompts", fontsize=8)
+        right.set_xlabel("solution length (actions)")
+        right.set_ylabel("admitted designs")
+        right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -554,8 +763,11 @@ def rung3_plot(result: dict, arms, path: Path) -> None:
 def command(args) -> str:
     flags = [f"--rung {args.rung}", f"--study_dir {args.study_dir}", f"--preset {args.preset}",
              f"--seeds {','.join(map(str, args.seeds))}", f"--iterations {args.iterations}"]
-    if args.rung == 2:
+    if args.rung == "2":
         flags += [f"--prompts {args.prompts}", f"--slots {args.slots}", f"--per_skill {args.per_skill}"]
+    elif args.rung == "2b":
+        flags += [f"--prompts {args.prompts}", f"--budget {args.budget}", f"--hinted_budget {args.hinted_budget}",
+                  f"--width {args.width}"]
     else:
         flags += [f"--arms {','.join(args.arms)}", f"--eval_plays {args.eval_plays}"]
     if args.agent_token_budget:
@@ -565,7 +777,8 @@ def command(args) -> str:
 
 
 def write_report(args, result, lines: list[str], met: bool, seconds: float) -> str:
-    title = "designer RL with a frozen agent" if args.rung == 2 else "the whole loop"
+    title = {"2": "designer RL with a frozen agent", "2b": "the designer against a scripted player whose frontier is "
+             "known"}.get(args.rung, "the whole loop")
     text = "\n".join([f"# Rung {args.rung}: {title}", "", f"`{command(args)}` ({seconds:.0f} s this invocation, "
                       f"{time.strftime('%Y-%m-%d %H:%M')}; the runs' curves: `rung{args.rung}_study.md`)", "", *lines,
                       "", f"**Bar {'met' if met else 'not met'}.**"]) + "\n"
@@ -577,7 +790,7 @@ def write_report(args, result, lines: list[str], met: bool, seconds: float) -> s
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rung", type=int, choices=(2, 3), required=True)
+    parser.add_argument("--rung", choices=("2", "2b", "3"), required=True)
     parser.add_argument("--study_dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: --study_dir)")
     parser.add_argument("--preset", default=study.DEFAULT_PRESET)
@@ -589,11 +802,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=32, help="rung 2: fresh designer prompts per seed")
     parser.add_argument("--slots", type=int, default=8, help="rung 2: designs per iteration")
     parser.add_argument("--per_skill", type=int, default=2, help="rung 2: designs per skill per iteration")
+    parser.add_argument("--budget", type=float, default=2.5, help="rung 2b: the scripted player's plain budget")
+    parser.add_argument("--hinted_budget", type=float, default=4.5, help="rung 2b: its hinted budget")
+    parser.add_argument("--width", type=float, default=0.5, help="rung 2b: the width of its fall-off")
     parser.add_argument("--arms", default=",".join(RUNG3_ARMS), help="rung 3: learning_study arms")
     parser.add_argument("--eval_plays", type=int, default=32, help="rung 3: fresh seeds per trained family")
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     args = parser.parse_args(argv)
-    if args.rung == 3 and not args.agent_token_budget:
+    if args.rung == "3" and not args.agent_token_budget:
         parser.error("rung 3 compares its arms at equal agent compute: give --agent_token_budget")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.arms = [a for a in args.arms.split(",") if a]
@@ -609,10 +825,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> str:
     args = parse_args(argv)
     started = time.perf_counter()
-    if args.rung == 2:
+    if args.rung == "2":
         result = rung2(args)
         lines, met = rung2_report(result)
         rung2_plot(result, args.out / "rung2.png")
+    elif args.rung == "2b":
+        result = rung2b(args)
+        lines, met = rung2b_report(result)
+        rung2b_plot(result, args.out / "rung2b.png")
     else:
         result = rung3(args)
         lines, met = rung3_report(result, args.arms)

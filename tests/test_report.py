@@ -216,6 +216,12 @@ def test_summary_line_full():
     )
 
 
+def test_summary_line_shows_the_attempts_and_the_designs_with_a_signal():
+    line = console.summary_line(3, {**FULL, "designer/attempts": 13, "designer/trained": 7,
+                                    "designer/nonzero_advantage": 4})
+    assert line.startswith("it 3 | envs 5/8 in 13 | regret 0.12 | dR 0.31 adv 4/7 | win plain 0.40")
+
+
 def test_summary_line_missing_and_nan():
     line = console.summary_line(0, {"designer/proposed": 8, "env/regret_mean": math.nan,
                                    "agent/plain_win_rate": None, "time/design_s": np.float64(4.25)})

@@ -73,6 +73,40 @@ def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitte
     assert not ladder.rung2_report({0: {k: _designs(initial) for k in ("initial", "frozen", "spade")}})[1]
 
 
+def test_the_scripted_players_frontier_is_where_the_blend_pays_most(ladder):
+    """Budgets 2.5 / 4.5, width 0.5 (the defaults): finish probabilities 0.73 / 0.99 at length 2
+    and 0.27 / 0.95 at 3 give regret above the 0.15 scale (0.4) and a plateau of 1 - 0.13 / 0.25
+    (0.288): 0.688 at both; length 4 has regret but no plateau (0.4)."""
+    from spade_jax.selfplay.config import base_config
+
+    config = base_config()
+    assert ladder.frontier(config) == [2, 3]
+    assert ladder.expected_reward(2, config) == pytest.approx(0.4 + 0.6 * (1 - (1 / (1 + 2.718281828 ** -1) - 0.6)
+                                                                           / 0.25), abs=1e-6)
+    assert ladder.expected_reward(4, config) == pytest.approx(0.4, abs=1e-3)
+    assert ladder.expected_reward(8, config) < 0.01
+
+
+def _scripted_designs(rewards, lengths, items=None):
+    designs = _designs(rewards, items=items)
+    return {**designs, "length": lengths, "attempts": [1] * len(rewards),
+            "run": {"iteration": [0, 1], "length": [5, 3]}}
+
+
+def test_rung2b_bar_needs_the_trained_designer_above_the_frozen_one_and_nearer_the_frontier(ladder):
+    initial, trained = [0.4, 0.1, 0.4, 0.0, 0.1, 0.4], [0.69, 0.4, 0.69, 0.69, 0.69, 0.69]
+    records = {0: {"initial": _scripted_designs(initial, [5, 6, 4, 7, 6, 5]), "frontier": [2, 3],
+                   "frozen": _scripted_designs(initial, [5, 6, 4, 7, 6, 5]),
+                   "spade": _scripted_designs(trained, [3, 4, 2, 3, 3, 2])}}
+    lines, met = ladder.rung2b_report(records)
+    spade_row = next(line for line in lines if line.startswith("| 0 | spade |"))
+    assert "0.233 → 0.642 | 0.0312 | 0.0312 (0.233 → 0.642)" in spade_row
+    assert "5.500 → 3.000 | 2.50 → 0.17 |" in spade_row  # median length; mean distance to {2, 3}
+    assert met and "solution length 3" in "\n".join(lines)
+    records[0]["spade"] = _scripted_designs(trained, [7, 7, 7, 7, 7, 7])  # higher reward, farther away
+    assert not ladder.rung2b_report(records)[1]
+
+
 def _plays(won, **extra):
     items = [f"f/{('easy', 'hard')[i % 2]}/{i}" for i in range(len(won))]  # family/level/seed
     return {"items": items, "won": won, "heldout": 0.25, "agent_tokens": 100, "iterations": 2, **extra}
@@ -117,6 +151,18 @@ def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, la
     ladder.main(rung2)  # resumed: runs and scores are read, not redone
     out = capsys.readouterr().out
     assert "spade seed 0: finished" in out and "frozen seed 0: finished" in out and "$ " not in out
+
+    ladder.main(["--rung", "2b", "--study_dir", str(tmp_path / "r2b"), "--prompts", "2", *common])
+    result = json.loads((tmp_path / "r2b" / "rung2b.json").read_text())
+    record = result["result"]["0"]
+    assert record["initial"]["items"] == record["spade"]["items"] == record["frozen"]["items"]
+    assert record["frontier"] == [2, 3] and len(record["spade"]["length"]) == 2
+    assert sorted(record["spade"]["run"]) == ["iteration", "length"]
+    config = ladder.run_config(ladder.study_args(ladder.parse_args(
+        ["--rung", "2b", "--study_dir", str(tmp_path / "r2b"), "--prompts", "2", *common]), ladder.RUNG2_ARMS),
+        "spade", 0)
+    assert (config.agent.player, config.hints.mode, config.designer.reward_delay) == ("scripted", "resample", 1)
+    assert (tmp_path / "r2b" / "rung2b.png").stat().st_size
 
     ladder.main(["--rung", "3", "--study_dir", str(tmp_path / "r3"), "--arms", "spade,frozen", "--eval_plays", "1",
                  "--agent_token_budget", "1000000", *common])

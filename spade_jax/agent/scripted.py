@@ -60,6 +60,18 @@ def solution_actions(solution: str | None) -> list[str]:
     return [line for line in (solution or "").splitlines() if line.strip()]
 
 
+def solution_lengths(pool, programs: Sequence[str], seed: int, max_turns: int) -> list[int | None]:
+    """The number of actions of each program's `solution()` on episode seed ``seed`` (None where
+    the program does not start or has no solution): the difficulty the scripted player reads."""
+    starts = pool.start([EpisodeSpec(program=p, seed=seed, max_turns=max_turns) for p in programs])
+    ids = [s.episode_id for s in starts]
+    live = [i for i, s in enumerate(starts) if s.ok]
+    solutions = dict(zip(live, pool.solution([ids[i] for i in live]))) if live else {}
+    pool.close(ids)
+    return [len(solution_actions(solutions[i])) if solutions.get(i) is not None else None
+            for i in range(len(programs))]
+
+
 def play_scripted(pool, requests: Sequence[EpisodeRequest], agent_cfg: AgentConfig, cfg: ScriptedConfig, *,
                   seed: int) -> list[Trajectory]:
     """Plays every request with the scripted player, all episodes stepped together turn by turn.

@@ -133,6 +133,20 @@ def admit_samples(
     return [dataclasses.replace(s, report=r) for s, r in zip(samples, reports)]
 
 
+def design_with_retries(slots: dict[int, tuple[str, str]], max_attempts: int, attempt) -> list[DesignSample]:
+    """Every attempt of every slot: ``attempt(open_slots, k, earlier)`` designs and judges the
+    open slots' k-th programs (``earlier``: the programs admitted so far, for novelty); a slot
+    stays open until one of its programs is admitted or it has had ``max_attempts``."""
+    designs: list[DesignSample] = []
+    for k in range(max_attempts):
+        batch = attempt(slots, k, [d.report.code for d in designs if d.admitted])
+        designs += batch
+        slots = {d.slot: slots[d.slot] for d in batch if not d.admitted}
+        if not slots:
+            break
+    return designs
+
+
 def design_metrics(designs: Sequence[DesignSample], num_slots: int, stages: Sequence[str]) -> dict[str, float]:
     """A regeneration's design counts from every attempt of its ``num_slots`` slots.
 

@@ -60,15 +60,23 @@ PHASES: tuple[tuple[str, str], ...] = (
 def summary_line(iteration: int, metrics: Mapping[str, Any]) -> str:
     """One compact line for the console; missing or NaN metrics show as '-'.
 
-    e.g. ``it 3 | envs 5/8 | regret 0.12 | dR 0.31 | win plain 0.40 hint 0.65 |
-    tok/s sample 1.2k train 8.0k | design 40s adm 3.0s hints 1.0s play 60s update 20s = 2m04s | mem 13``
+    e.g. ``it 3 | envs 7/8 in 13 | regret 0.12 | dR 0.31 adv 4/7 | win plain 0.40 hint 0.65 |
+    tok/s sample 1.2k train 8.0k | design 40s adm 3.0s hints 1.0s play 60s update 20s = 2m04s | mem 13``:
+    slots admitted of slots designed, in how many attempts; the mean designer reward of the
+    designs trained now and how many of them have a non-zero advantage.
     """
     m = metrics
+    envs = f"envs {_num(m.get('designer/admitted'), '{:.0f}')}/{_num(m.get('designer/proposed'), '{:.0f}')}"
+    if m.get("designer/attempts") is not None:
+        envs += f" in {_num(m.get('designer/attempts'), '{:.0f}')}"
+    reward = f"dR {_num(m.get('designer/reward_mean'))}"
+    if m.get("designer/trained"):
+        reward += f" adv {_num(m.get('designer/nonzero_advantage'), '{:.0f}')}/{_num(m.get('designer/trained'), '{:.0f}')}"
     parts = [
         f"it {iteration}",
-        f"envs {_num(m.get('designer/admitted'), '{:.0f}')}/{_num(m.get('designer/proposed'), '{:.0f}')}",
+        envs,
         f"regret {_num(m.get('env/regret_mean'))}",
-        f"dR {_num(m.get('designer/reward_mean'))}",
+        reward,
         f"win plain {_num(m.get('agent/plain_win_rate'))} hint {_num(m.get('agent/hinted_win_rate'))}",
         f"tok/s sample {_rate(m.get('sampler/tokens_per_s'))} train {_rate(m.get('train/tokens_per_s'))}",
         " ".join(f"{name} {format_duration(m.get(key))}" for name, key in PHASES)

@@ -31,7 +31,8 @@ from spade_jax.agent.scripted import play_scripted
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory, regeneration_statistics
 from spade_jax.designer.review import rejection_reason, review
-from spade_jax.designer.rollout import DesignSample, admit_samples, assign_slots, design_metrics, propose
+from spade_jax.designer.rollout import (DesignSample, admit_samples, assign_slots, design_metrics,
+                                        design_with_retries, propose)
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.rl.batch import TrainSequence, pack
@@ -155,26 +156,24 @@ class SelfPlay:
         under the reference's rule). Returns every attempt."""
         cfg, dcfg = self.config, self.designer_cfg
         memory = self.memory if cfg.memory.enabled else None
-        open_slots = dict(enumerate(assign_slots(dcfg, np.random.default_rng(self.context.seed(it, "design")))))
-        designs: list[DesignSample] = []
         stage_metrics: list[dict] = []
+
+        def attempt(slots, k, earlier):
+            with chrono("design"):
+                batch = propose(self.sampler, memory, self.corpus, dcfg, slots=slots, attempt=k,
+                                seed=self.context.seed(it, "design", k))
+            with chrono("admission"):
+                batch = admit_samples(batch, self.pool, memory, self.admission_cfg,
+                                      seed=self.context.seed(it, "admission", k), earlier=earlier)
+            for stage in self.components.admission:
+                with chrono(stage.name):
+                    stage_metrics.append(stage(batch, it))
+            bar.update(1)
+            return batch
+
+        slots = dict(enumerate(assign_slots(dcfg, np.random.default_rng(self.context.seed(it, "design")))))
         with phase_bar("design", dcfg.max_attempts, enabled=self.context.progress) as bar:
-            for attempt in range(dcfg.max_attempts):
-                with chrono("design"):
-                    batch = propose(self.sampler, memory, self.corpus, dcfg, slots=open_slots, attempt=attempt,
-                                    seed=self.context.seed(it, "design", attempt))
-                with chrono("admission"):
-                    batch = admit_samples(batch, self.pool, memory, self.admission_cfg,
-                                          seed=self.context.seed(it, "admission", attempt),
-                                          earlier=[d.report.code for d in designs if d.admitted])
-                for stage in self.components.admission:
-                    with chrono(stage.name):
-                        stage_metrics.append(stage(batch, it))
-                designs += batch
-                open_slots = {d.slot: open_slots[d.slot] for d in batch if not d.admitted}
-                bar.update(dcfg.max_attempts - attempt if not open_slots else 1)
-                if not open_slots:
-                    break
+            designs = design_with_retries(slots, dcfg.max_attempts, attempt)
         metrics.update(components_lib.merge_metrics(stage_metrics))
         self._hold_pool()
         for d in designs:
