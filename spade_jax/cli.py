@@ -40,17 +40,36 @@ def validated(config):
 
 def run_config(workdir: str):
     """The config the run in `workdir` was started with (``WORKDIR/config.json``, which the main job
-    writes), or None when `workdir` holds none."""
+    writes), or None when `workdir` holds none. A field added to the config since the run was
+    saved takes its default (`selfplay.config.base_config`), named on stderr."""
     import json
     import os
 
     import ml_collections
 
+    from spade_jax.selfplay.config import base_config
+
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         return None
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        saved = json.load(f)
+    added = _fill_defaults(saved, base_config().to_dict())
+    if added:
+        print(f"note: {path} predates config fields {', '.join(added)}: they take their defaults", file=sys.stderr)
+    return ml_collections.ConfigDict(saved)
+
+
+def _fill_defaults(saved: dict, defaults: dict, prefix: str = "") -> list[str]:
+    """Adds to `saved` (in place) every field of `defaults` it lacks; returns their dotted names."""
+    added = []
+    for key, value in defaults.items():
+        if key not in saved:
+            saved[key] = value
+            added.append(prefix + key)
+        elif isinstance(value, dict) and isinstance(saved[key], dict):
+            added += _fill_defaults(saved[key], value, f"{prefix}{key}.")
+    return added
 
 
 def use_compile_cache(config, workdir: str | None) -> None:

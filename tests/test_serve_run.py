@@ -85,3 +85,17 @@ def test_a_directory_that_is_not_a_run_needs_a_config(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "spade_jax.serve", f"--workdir={tmp_path}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 2 and f"{tmp_path} has no config.json" in proc.stderr and "--config" in proc.stderr
+
+
+def test_a_run_saved_before_a_field_existed_reads_with_its_default(tmp_path, capsys):
+    """A run's config.json lacks the fields added since it was saved: each takes its default, named."""
+    from spade_jax import cli
+    from spade_jax.selfplay.config import base_config
+
+    saved = json.loads(base_config().to_json())
+    field = sorted(saved["agent"])[0]
+    default = saved["agent"].pop(field)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = cli.run_config(str(tmp_path))
+    assert config.agent[field] == default and f"fields agent.{field}:" in capsys.readouterr().err
+    assert cli.run_config(str(tmp_path / "nowhere")) is None
