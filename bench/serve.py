@@ -8,9 +8,14 @@ the server's own count of answered requests agrees). An untimed pass of the same
 engine compiles each once for the server's lifetime, so the table is the steady state; its
 last column says how long the timed pass still spent compiling. Prints a markdown table and stops the server (SIGTERM).
 
-    nice -n 10 python bench/serve.py --workdir=/tmp/rl_fresh2 --config=configs/tiny.py
+``--mixed=K`` measures mixed load instead: K two-token greedy chats, one after another, on the idle
+server and then beside a streaming completion with n=8, temperature 1.9 and max_tokens 2048
+(before per-row sampling, such a request held every other setting back for its whole length).
+
+    nice -n 10 python bench/serve.py --workdir=/tmp/rl_fresh2
     nice -n 10 python bench/serve.py --workdir=/tmp/serve_smollm2 --config=configs/smollm2_135m.py --step=none \\
         --requests=2 --max_tokens=32
+    nice -n 10 python bench/serve.py --workdir=/tmp/rl_fresh2 --mixed=10
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -44,7 +50,8 @@ def _health(url: str) -> dict:
 
 
 def start_server(args, port: int, log) -> subprocess.Popen:
-    command = [sys.executable, "-m", "spade_jax.serve", f"--workdir={args.workdir}", f"--config={args.config}",
+    command = [sys.executable, "-m", "spade_jax.serve", f"--workdir={args.workdir}",
+               *([f"--config={args.config}"] if args.config else []),
                *([f"--bootstrap={args.bootstrap}"] if args.bootstrap else []),
                f"--step={args.step}", f"--port={port}", f"--rows={args.rows}", f"--max_queue={args.rows * 8}"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -86,10 +93,46 @@ def run_level(client_factory, model: str, clients: int, requests: int, max_token
             "p50": float(np.percentile(latency, 50)), "p99": float(np.percentile(latency, 99))}
 
 
+def run_mixed(client_factory, model: str, url: str, shorts: int) -> dict:
+    """Latencies of `shorts` two-token greedy chats on the idle server, then beside a streaming
+    n=8, temperature 1.9, max_tokens 2048 completion (and how many of its rows still decoded)."""
+    client = client_factory()
+
+    def short(i: int) -> float:
+        start = time.perf_counter()
+        client.chat.completions.create(model=model, max_tokens=2, temperature=0,
+                                       messages=[{"role": "user", "content": f"hello {i}"}])
+        return time.perf_counter() - start
+
+    idle = [short(i) for i in range(shorts)]
+    stop, started = threading.Event(), threading.Event()
+
+    def long() -> None:
+        stream = client_factory().completions.create(model=model, prompt="Write a long environment.", n=8,
+                                                     temperature=1.9, max_tokens=2048, stream=True, seed=0)
+        for _ in stream:
+            started.set()
+            if stop.is_set():
+                break
+        stream.close()
+
+    thread = threading.Thread(target=long)
+    thread.start()
+    started.wait(600)
+    busy, decoding, compile_s = [], [], _health(url)["compile_s"]
+    for i in range(shorts):
+        decoding.append(_health(url)["decoding"])
+        busy.append(short(i))
+    compile_s = _health(url)["compile_s"] - compile_s
+    stop.set()
+    thread.join()
+    return {"idle": idle, "busy": busy, "decoding": decoding, "compile_s": compile_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--config", default="configs/tiny.py")
+    parser.add_argument("--config", default="", help="a preset (default: the run's own config)")
     parser.add_argument("--step", default="latest")
     parser.add_argument("--bootstrap", default="", help="a bootstrap directory (spade_jax.serve --bootstrap)")
     parser.add_argument("--clients", default="1,4,16,32", help="comma-separated client counts")
@@ -98,6 +141,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2, help="untimed requests per client before each level")
     parser.add_argument("--start_timeout", type=float, default=240)
+    parser.add_argument("--mixed", type=int, default=0, help="measure mixed load with this many short chats")
     args = parser.parse_args()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -108,7 +152,10 @@ def main() -> None:
             model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=5).read())["data"][0]["id"]
             factory = lambda: openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
             rows = []
-            for clients in (int(c) for c in args.clients.split(",")):
+            if args.mixed:
+                run_mixed(factory, model, url, args.mixed)  # untimed: compiles the buckets the long reply grows through
+                mixed = run_mixed(factory, model, url, args.mixed)
+            for clients in (int(c) for c in args.clients.split(",") if not args.mixed):
                 run_level(factory, model, clients, args.warmup, args.max_tokens, "warm-up")
                 before = _health(url)
                 rows.append(run_level(factory, model, clients, args.requests, args.max_tokens, "request"))
@@ -120,6 +167,15 @@ def main() -> None:
         finally:
             os.kill(proc.pid, signal.SIGTERM)
             proc.wait(timeout=120)
+    if args.mixed:
+        print(f"\nspade_jax.serve on {model} ({args.rows} rows): {args.mixed} two-token greedy chats in turn\n")
+        print("| server | chats | p50 s | max s | rows decoding the long request when each chat was sent |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        for name, times in (("idle", mixed["idle"]), ("beside n=8, T=1.9, 2048 tokens", mixed["busy"])):
+            rows_note = ", ".join(map(str, mixed["decoding"])) if times is mixed["busy"] else "-"
+            print(f"| {name} | {len(times)} | {np.median(times):.2f} | {max(times):.2f} | {rows_note} |")
+        print(f"\n(the server compiled for {mixed['compile_s']:.1f} s while the chats beside it ran)")
+        return
     base = rows[0]["tps"]
     print(f"\nspade_jax.serve on {model} ({args.rows} rows), {args.requests} requests per client, "
           f"max_tokens={args.max_tokens}, temperature 1\n")
