@@ -1,13 +1,12 @@
 """`python -m spade_jax.serve --workdir=RUN` with no `--config` on a `tiny:runlocal` run: the server
 reads the run's own config (as `python -m spade_jax.export` does) and serves its latest checkpoint.
 
-The run directory is made as the main job leaves it, without running it: its `config.json` and an
-orbax checkpoint (step 2) of a `Trainer` on the bootstrap policy.
+The run directory is tests/test_export_cli.py's: made as the main job leaves it, without running
+it (its `config.json` and an orbax checkpoint of a `Trainer`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -18,31 +17,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
+from tests.test_export_cli import STEP, run_dir  # noqa: F401  (the fixture, shared)
 
 REPO = Path(__file__).resolve().parents[1]
-STEP = 2
-
-
-@pytest.fixture(scope="module")
-def run_dir(runlocal_config, tmp_path_factory) -> Path:
-    from spade_jax.bootstrap import cache_path, load_bootstrap
-    from spade_jax.rl.train import Trainer
-    from spade_jax.selfplay import config as config_lib
-    from spade_jax.selfplay.checkpoint import Checkpointer
-
-    spec = importlib.util.spec_from_file_location("runlocal", runlocal_config(1))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    workdir = tmp_path_factory.mktemp("run")
-    (workdir / "config.json").write_text(config.to_json())
-    policy = load_bootstrap(cache_path(config.bootstrap.cache_dir, config_lib.bootstrap_config(config)))
-    trainer = Trainer(policy, config_lib.optim_config(config), config_lib.loss_config(config))
-    checkpointer = Checkpointer(workdir / "checkpoints", async_save=False)
-    checkpointer.save(STEP, trainer.state_dict(), {"iteration": STEP})
-    checkpointer.close()
-    return workdir
 
 
 def _serve(*args: str, log: Path) -> tuple[subprocess.Popen, int]:
@@ -56,9 +33,10 @@ def _serve(*args: str, log: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def test_a_run_is_served_with_its_own_config(run_dir, tmp_path):
+def test_a_run_is_served_with_its_own_config(run_dir, tmp_path):  # noqa: F811
+    workdir, _ = run_dir
     log = tmp_path / "server.log"
-    proc, port = _serve(f"--workdir={run_dir}", log=log)
+    proc, port = _serve(f"--workdir={workdir}", log=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240  # a liveness bound: loading the run takes a while on a busy machine
@@ -69,8 +47,8 @@ def test_a_run_is_served_with_its_own_config(run_dir, tmp_path):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.3)
-        assert [m["id"] for m in models["data"]] == [f"{run_dir.name}-{STEP}"]  # the run's latest checkpoint
-        body = json.dumps({"model": f"{run_dir.name}-{STEP}", "messages": [{"role": "user", "content": "hi"}],
+        assert [m["id"] for m in models["data"]] == [f"{workdir.name}-{STEP}"]  # the run's latest checkpoint
+        body = json.dumps({"model": f"{workdir.name}-{STEP}", "messages": [{"role": "user", "content": "hi"}],
                            "max_tokens": 4}).encode()
         request = urllib.request.Request(url + "/v1/chat/completions", data=body,
                                          headers={"Content-Type": "application/json"})
