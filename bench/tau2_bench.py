@@ -1,14 +1,20 @@
 """τ²-bench end to end through `python -m spade_jax.serve`: its own CLI, a few tasks per domain.
 
-Starts the server on a loopback port (SmolLM2-135M-Instruct by default: its context of 8192
-tokens holds retail's ~6.5k-token agent prompt; `tiny`'s 4096 does not), puts a logging
-proxy in front of it, then runs τ²-bench's own `tau2 run` once per domain with the served
-model as the agent (and, unless `--user_llm` names another, as the user simulator too). Every
-request the harness sends is written to `OUT/requests.jsonl` (domain, route, status,
-seconds, prompt/cached/completion tokens, the error message of a non-200); the server's own
-output goes to `OUT/server.log`, τ²'s to `OUT/tau2_<domain>.log` and its results to
-`OUT/<domain>/results.json`. Prints (and writes to `OUT/table.md`) one row per domain:
-tasks, pass^1 (τ²'s, from its results), requests, errors (non-200 responses), and stops the server.
+Starts the server on a loopback port, puts a logging proxy in front of it, then runs
+τ²-bench's own `tau2 run` once per domain with the served model as the agent (and, unless
+`--user_llm` names another, as the user simulator too). Every request the harness sends is
+written to `OUT/requests.jsonl` (domain, route, status, seconds, prompt/cached/completion
+tokens, the error message of a non-200); the server's own output (its access log too) goes
+to `OUT/server.log`, τ²'s to `OUT/tau2_<domain>.log` and its results to
+`OUT/<domain>/results.json`. Prints (and writes to `OUT/table.md`) one row per domain: tasks,
+pass^1 (τ²'s, from its results), requests, errors (non-200 responses), and stops the server.
+
+The preset must hold τ²'s prompts: the server's window is the model's context
+(`max_position_embeddings`, `max_model_len` in `/v1/models`), and a prompt plus `max_tokens`
+beyond it is refused (OpenAI's `context_length_exceeded`). Retail's first agent prompt (policy
+and 16 tools) is 5,163 tokens in SmolLM2-135M-Instruct's tokenizer (the default preset,
+context 8192) and 6,623 in `tiny`'s (context 4096: refused, issue 47). `--max_steps` and `--max_tokens`
+bound how far a conversation grows past it.
 
 τ²-bench is not a dependency of spade_jax: install it from its public repository into its
 own Python 3.12 venv, then pass both paths:
@@ -34,6 +40,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -137,7 +144,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        start = time.monotonic()
+        tag, start = self.server.tag, time.monotonic()  # the domain running when the request came
         upstream = http.client.HTTPConnection(*self.server.upstream, timeout=self.server.upstream_timeout)
         try:
             upstream.request(self.command, self.path, body,
@@ -149,13 +156,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             data = json.dumps({"error": {"message": f"proxy: {type(e).__name__}: {e}"}}).encode()
         finally:
             upstream.close()
+        # logged before the client has its reply: once `tau2 run` exits, the log holds all of its requests
+        self.server.record(tag, {"method": self.command, "path": self.path, "status": status,
+                                 "seconds": round(time.monotonic() - start, 3), **_reply_fields(status, data)})
         self.send_response(status)
         self.send_header("Content-Type", content_type or "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        self.server.record({"method": self.command, "path": self.path, "status": status,
-                            "seconds": round(time.monotonic() - start, 3), **_reply_fields(status, data)})
 
     def log_message(self, format, *args) -> None:  # the JSONL log is the record
         del format, args
@@ -181,9 +189,9 @@ class LoggingProxy(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def record(self, entry: dict) -> None:
+    def record(self, tag: str, entry: dict) -> None:
         with self._lock:
-            self._log.write(json.dumps({"domain": self.tag, "time": round(time.time(), 3), **entry}) + "\n")
+            self._log.write(json.dumps({"domain": tag, "time": round(time.time(), 3), **entry}) + "\n")
             self._log.flush()
 
     def __enter__(self):
@@ -232,6 +240,15 @@ def results_summary(results: dict) -> dict:
     pass1 = sum(sum(v) / len(v) for v in by_task.values()) / len(by_task) if by_task else float("nan")
     return {"tasks": len({s["task_id"] for s in sims}), "simulations": len(sims), "pass1": pass1,
             "terminations": dict(sorted(terminations.items()))}
+
+
+_ACCESS_LINE = re.compile(r"\s\S+:\d+ POST (/v1/\S+) (\d{3})(\s|$)")
+
+
+def server_log_statuses(text: str) -> dict[int, int]:
+    """Statuses of the POSTs to /v1/ in the server's own access log (one line per request)."""
+    return dict(sorted(collections.Counter(int(m.group(2)) for m in map(_ACCESS_LINE.search, text.splitlines())
+                                           if m).items()))
 
 
 def table(rows: list[dict]) -> str:
@@ -326,9 +343,13 @@ def main(argv: list[str] | None = None) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
     user = "the served model" if args.user_llm == SERVED else args.user_llm
+    logged = server_log_statuses((args.out / "server.log").read_text(errors="replace"))
+    proxied = collections.Counter(e["status"] for e in read_log(args.out / "requests.jsonl") if e["method"] == "POST")
+    agree = "agrees with" if logged == dict(proxied) else "DISAGREES with"
     text = (f"τ²-bench through spade_jax.serve: agent {model} (context {context}, {args.config}, step "
             f"{args.step}), user simulator {user}; {args.num_tasks} tasks per domain, 1 trial, max {args.max_steps} "
-            f"steps, max_tokens {args.max_tokens}, temperature 0, concurrency {args.concurrency}\n\n{table(rows)}\n")
+            f"steps, max_tokens {args.max_tokens}, temperature 0, concurrency {args.concurrency}\n\n{table(rows)}\n\n"
+            f"The server's access log: POST statuses {logged} ({agree} the proxy's request log).\n")
     (args.out / "table.md").write_text(text)
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
     print("\n" + text)

@@ -163,3 +163,15 @@ def test_the_table_from_a_request_log_and_results(tmp_path, bench_script):
                                     "infrastructure_error 1, max_steps 1, user_stop 1 (killed after 60 s) | 12 |")
     empty = tau2.results_summary({})
     assert empty["tasks"] == 0 and empty["pass1"] != empty["pass1"]  # nan: no task ran
+
+
+def test_the_servers_access_log_is_counted_by_status(bench_script):
+    tau2 = bench_script("tau2_bench")
+    text = "\n".join([
+        "2026-12-06 06:29:36,262 INFO 127.0.0.1:39200 POST /v1/chat/completions 200 tokens=840+96 13.637s",
+        "2026-12-06 06:29:37,001 INFO 127.0.0.1:39202 POST /v1/chat/completions 400 0.010s the prompt has 9000 tokens",
+        "2026-12-06 06:29:38,001 INFO 127.0.0.1:39203 GET /v1/models 200 0.001s",
+        "2026-12-06 06:29:39,001 INFO 127.0.0.1:39204 POST /v1/chat/completions 499 2.000s client disconnected",
+        "I1206 05:58:24.846859 140275285547904 loading.py:503] loaded SmolLM2-135M-Instruct.Q4_1.gguf: llama",
+        "a reply that quotes 127.0.0.1:1 POST /v1/chat/completions 200x is no access line"])
+    assert tau2.server_log_statuses(text) == {200: 1, 400: 1, 499: 1}
