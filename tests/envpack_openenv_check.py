@@ -1,6 +1,6 @@
 """Plays every environment of environment packs through OpenEnv, with the real openenv-core.
 
-Run by tests/test_envpack.py with the python of the venv launch/setup_openenv_env.sh makes
+Run by tests/test_envpack.py with the python of the venv `launch/setup_side_env.sh openenv` makes
 (openenv-core cannot share .venv); spade_jax comes from PYTHONPATH.
 
     python tests/envpack_openenv_check.py PACK_DIR [PACK_DIR ...]   # prints one JSON line

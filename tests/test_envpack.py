@@ -5,7 +5,7 @@ Two runs: one whose environment log is written with the run's own `EnvLog` (a se
 admitted design spelling every special token of the shipped tokenizers, a replay of it that
 retired it, a design the sandbox's parse stage refuses, a rejected design, and a program whose
 step never returns), and a real `configs/tiny.py:runlocal` run of one iteration. The OpenEnv
-check runs in the venv launch/setup_openenv_env.sh makes (tests/envpack_openenv_check.py);
+check runs in the venv `launch/setup_side_env.sh openenv` makes (tests/envpack_openenv_check.py);
 without that venv it is skipped, except under CI, where it is made first.
 """
 
@@ -30,7 +30,6 @@ from spade_jax.sandbox import SandboxConfig
 from spade_jax.selfplay.runlog import EnvLog, EnvLogEntry
 
 REPO = Path(__file__).resolve().parents[1]
-OPENENV_VENV = Path(os.environ.get("SPADE_OPENENV_VENV", REPO / "build" / "venv-openenv"))
 HOSTILE_NAME = "spade_envs_hostile"
 
 LOOPING = '''
@@ -321,15 +320,8 @@ def test_a_pack_of_a_runlocal_run_loads_in_gymnasium_and_plays_each_solution_to_
 
 
 @pytest.fixture(scope="session")
-def openenv_python() -> Path:
-    """The python of the OpenEnv venv; made by its script under CI, else the check is skipped without it."""
-    python = OPENENV_VENV / "bin" / "python"
-    if not python.exists() and os.environ.get("CI"):
-        subprocess.run(["bash", str(REPO / "launch" / "setup_openenv_env.sh")], check=True, timeout=900,
-                       stdout=subprocess.DEVNULL)
-    if not python.exists():
-        pytest.skip(f"no OpenEnv venv at {OPENENV_VENV}: make it with `bash launch/setup_openenv_env.sh`")
-    return python
+def openenv_python(side_python) -> str:
+    return side_python("openenv")
 
 
 def test_both_packs_play_each_solution_to_a_win_through_an_openenv_server(openenv_python, hostile_pack,

@@ -350,18 +350,12 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def litellm_python() -> str:
-    """An interpreter with litellm: this one, or $SPADE_LITELLM_PYTHON (litellm's dependencies, boto3's
-    python-dateutil<3 among them, do not install beside the test extras, so it lives in its own venv:
-    `python3 -m venv /tmp/litellm && /tmp/litellm/bin/pip install litellm`)."""
+def litellm_python(side_python) -> str:
+    """An interpreter with litellm: this one, or the side venv's (litellm's dependencies, boto3's
+    python-dateutil<3 among them, do not install beside the test extras)."""
     import importlib.util
 
-    if importlib.util.find_spec("litellm") is not None:
-        return sys.executable
-    python = os.environ.get("SPADE_LITELLM_PYTHON")
-    if not python:
-        pytest.skip("litellm is not installed here; set SPADE_LITELLM_PYTHON to an interpreter that has it")
-    return python
+    return sys.executable if importlib.util.find_spec("litellm") is not None else side_python("litellm")
 
 
 def test_litellm_sees_a_context_window_error_and_a_forced_call(server, litellm_python):
