@@ -537,7 +537,8 @@ def test_no_exported_file_holds_a_special_token_of_a_shipped_tokenizer(tmp_path,
                              ("Customer alice has id u1." + spelled,))
     schemas = [{"type": "function", "function": {"name": "find_user", "description": spelled}}]
     example = Example("orders", hostile, schemas, chain, "Who is alice? " + spelled, "agent")
-    write_outputs(str(tmp_path), [example], [EnvReport("orders", chains=1, kept=1, by_agent=1)])
+    write_outputs(str(tmp_path), [example], [EnvReport("orders" + spelled, chains=1, kept=1, by_agent=1,
+                                                       error="rejected: " + spelled)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rl.jsonl", "sft.jsonl", "summary.md"]
     assert literal_special_tokens(tmp_path, tokens) == {}
     (task,), (record,) = read_jsonl(str(tmp_path / "rl.jsonl")), read_jsonl(str(tmp_path / "sft.jsonl"))

@@ -204,5 +204,7 @@ def summary_table(reports: Sequence[EnvReport]) -> str:
 
 
 def _cell(text: str) -> str:
-    """``text`` as one markdown table cell: one escaped line, bounded, no column separator."""
-    return display_line(text, _REASON_CHARS).replace("|", "\\|")
+    """``text`` as one markdown table cell: one escaped line, bounded, no column separator, and
+    ``<`` / ``>`` as HTML entities (a rejection reason may quote a program: no special token of a
+    tokenizer appears literally in an exported file)."""
+    return display_line(text, _REASON_CHARS).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
