@@ -503,7 +503,10 @@ def rung2b(args) -> dict:
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
 
-    sargs = run_arms(args, RUNG2_ARMS)
+    sargs = run_arms(args, [a for a in RUNG2_ARMS if a in args.arms])
+    if args.run_only:
+        return {}
+    sargs = study_args(args, RUNG2_ARMS)
     records = {}
     with progress_bar(len(args.seeds) * (1 + len(RUNG2_ARMS)), "rung 2b: fresh prompts", unit="designers") as bar:
         for seed in args.seeds:
@@ -805,14 +808,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=2.5, help="rung 2b: the scripted player's plain budget")
     parser.add_argument("--hinted_budget", type=float, default=4.5, help="rung 2b: its hinted budget")
     parser.add_argument("--width", type=float, default=0.5, help="rung 2b: the width of its fall-off")
-    parser.add_argument("--arms", default=",".join(RUNG3_ARMS), help="rung 3: learning_study arms")
+    parser.add_argument("--arms", default=None, help="the arms to run (rung 2 and 2b: spade,frozen; rung 3: "
+                        "learning_study arms); rung 2b measures both")
+    parser.add_argument("--run_only", action="store_true",
+                        help="rung 2b: run (or resume) the arms and stop, e.g. one process per arm; a later call "
+                             "without it measures")
     parser.add_argument("--eval_plays", type=int, default=32, help="rung 3: fresh seeds per trained family")
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
     args = parser.parse_args(argv)
     if args.rung == "3" and not args.agent_token_budget:
         parser.error("rung 3 compares its arms at equal agent compute: give --agent_token_budget")
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    args.arms = [a for a in args.arms.split(",") if a]
+    args.arms = [a for a in (args.arms or ",".join(RUNG3_ARMS if args.rung == "3" else RUNG2_ARMS)).split(",") if a]
     unknown = [a for a in args.arms if a not in study.ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {list(study.ARMS)}")
@@ -831,6 +838,8 @@ def main(argv=None) -> str:
         rung2_plot(result, args.out / "rung2.png")
     elif args.rung == "2b":
         result = rung2b(args)
+        if args.run_only:
+            return ""
         lines, met = rung2b_report(result)
         rung2b_plot(result, args.out / "rung2b.png")
     else:
