@@ -27,7 +27,7 @@ from spade_jax.bootstrap import build as bootstrap  # noqa: E402
 from spade_jax.bootstrap import data  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
-from spade_jax.sampling import generate  # noqa: E402
+from spade_jax.sampling import generate_on_rows  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 from spade_jax.sandbox.admission import AdmissionConfig, admit_batch  # noqa: E402
 
@@ -57,8 +57,8 @@ def main() -> None:
     documents = Corpus.from_config(CorpusConfig(max_words=cfg.prompt.doc_max_words, seed=args.seed)).sample(n)
     slots = data.designer_slots(n, data.seeded_memory(), documents, cfg.prompt, cfg.envs, rng)
     prompts = [policy.tokenizer.apply_chat_template(s.messages, add_generation_prompt=True) for s in slots]
-    generation = generate(policy, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          seed=args.seed)
+    generation = generate_on_rows(policy, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  seed=args.seed)
     texts = [policy.tokenizer.decode(generation.row_tokens(i)) for i in range(n)]
     seeds = [library.load_source(name) for name in cfg.envs]  # what tiny keeps in memory (the rest is held out)
 

@@ -17,8 +17,8 @@ turn (1.9 turns on average), and the bench would no longer time multi-turn episo
   cache across turns, refills rows as replies finish, steps the sandbox while it decodes;
 - `paged`: the same with the engine's paged KV cache (`kv_cache="paged"`, `--page_size`
   slots a page): pages instead of resized rows, decode chunks over the active rows only;
-- `lockstep`: `play_episodes(sample=generate)`: every turn one `generate` call over every
-  live episode, each conversation prefilled from its first token;
+- `lockstep`: `play_episodes(sample=generate_on_rows)`: every turn one fresh engine call over
+  every live episode, each conversation written into the cache from its first token;
 - `hf`: the same lock-step driver with transformers' `generate` as the sampler (left-padded
   batch, the conversation re-sent each turn, log-probs from the returned logits): what a
   PyTorch user would write. For `tiny` the bootstrap's weights are copied into a
@@ -27,7 +27,7 @@ turn (1.9 turns on average), and the bench would no longer time multi-turn episo
 Each engine runs in its own subprocess (peak RSS is per engine, loading included). Wall
 times leave out compilation (reported apart: the seconds the JAX engines spent building
 programs). Throughput counts generated tokens (replies only). Engines sample differently (keys per
-episode and turn against keys per call), so their episodes differ; the table shows the
+episode and turn against keys per call and prompt), so their episodes differ; the table shows the
 turns and tokens each played. torch is a test-only dependency (requirements-test.txt).
 """
 
@@ -70,7 +70,7 @@ def requests(n: int):
 
 
 def hf_sampler(policy, cores: int):
-    """A `generate`-like function backed by transformers (torch, float32) on `policy`'s weights."""
+    """A `generate_on_rows`-like function backed by transformers (torch, float32) on `policy`'s weights."""
     import numpy as np
     import torch
 
@@ -161,7 +161,7 @@ def child(args) -> None:
         sys.modules["torch"] = None  # keep torch out of the JAX engines' memory
     from spade_jax.agent import AgentConfig, play_episodes
     from spade_jax.agent.rollout import RolloutStats
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import generate_on_rows
     from spade_jax.sandbox import SandboxConfig, SandboxPool
 
     policy = load_policy(args)
@@ -169,7 +169,7 @@ def child(args) -> None:
                       temperature=args.temperature, rows=args.rows, refill_fraction=args.refill_fraction,
                       overlap_sandbox=args.overlap, kv_cache="paged" if args.engine == "paged" else "contiguous",
                       page_size=args.page_size, step_cut_replies=not args.end_at_cut)
-    sample = {"engine": None, "paged": None, "lockstep": generate,
+    sample = {"engine": None, "paged": None, "lockstep": generate_on_rows,
               "hf": hf_sampler(policy, args.cores) if args.engine == "hf" else None}[args.engine]
     reqs = requests(args.episodes)
     compile_s = 0.0

@@ -1,10 +1,12 @@
-"""spade_jax.sampling.generate against transformers `generate` on SmolLM2-135M-Instruct, float32, CPU.
+"""spade_jax's rollout engine (`sampling.generate_on_rows`) against transformers `generate` on SmolLM2-135M-Instruct,
+float32, CPU.
 
     python bench/sampler_vs_hf.py                      # batch 1, 8, 32; 64 prompt + 128 new tokens
     python bench/sampler_vs_hf.py --batches=8 --repeats=2
 
 Greedy decoding of the same 64-token prompts (real text) on both sides, no stop tokens, so
-every row generates exactly `--new_tokens` tokens. Each (side, batch) runs in its own
+every row generates exactly `--new_tokens` tokens; the engine decodes every prompt of the batch
+at once (as many rows as prompts). Each (side, batch) runs in its own
 subprocess, so peak resident memory (ru_maxrss, loading included) is per side. Both sides
 are warm: spade_jax compiles in a first call (reported separately), transformers runs one
 untimed generate first. The two processes then take turns, one timed call at a time in
@@ -19,7 +21,7 @@ torch is a test-only dependency (requirements-test.txt); the spade_jax child blo
 
 The roofline column: this machine's peak f32 matmul rate and memory bandwidth are measured
 here (best of XLA and PyTorch on a 2048^3 matmul; a large numpy copy), and the ideal time of
-one generate call is the sum over prefill and decode steps of max(FLOPs / peak, bytes / bw),
+one call is the sum over prefill and decode steps of max(FLOPs / peak, bytes / bw),
 with bytes = all weights per forward pass plus the KV cache read per step. The fraction is
 ideal time / measured time. Run by hand, not in CI; on a shared CPU the numbers are noisy.
 """
@@ -85,16 +87,16 @@ def serve_jax(args, talk) -> None:
     import jax
 
     from spade_jax.models import load_pretrained
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import generate_on_rows
 
     policy = load_pretrained(gguf_path(), dtype="float32", progress=False)
     prompts = make_prompts(policy.tokenizer, args.batch, args.prompt_len)
-    kw = dict(max_new_tokens=args.new_tokens, temperature=0.0, stop_token_ids=[])
-    warm = generate(policy, prompts, **kw)
+    kw = dict(max_new_tokens=args.new_tokens, temperature=0.0, stop_token_ids=[], rows=args.batch)
+    warm = generate_on_rows(policy, prompts, **kw)
     runs = []
 
     def run():
-        runs.append(generate(policy, prompts, **kw))
+        runs.append(generate_on_rows(policy, prompts, **kw))
         return runs[-1].stats.run_s
 
     def summary():

@@ -3,7 +3,7 @@
 Runs the bootstrap (or loads it from the cache), then does what the designer and agent do
 at iteration 0: designer prompts built from a memory seeded with the library (exemplars
 drawn from it, documents from the shipped corpus, skills and difficulties cycled), one
-batched sampler call, admission of every program through all eight stages with the seed
+batched engine call (`generate_on_rows`), admission of every program through all eight stages with the seed
 sources as the novelty archive, then plain and hinted episodes on every admitted program.
 
 Admission counts as in the loop: all eight stages, then no near-duplicate of an earlier
@@ -33,7 +33,7 @@ from absl import logging  # noqa: E402
 
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.sampling import generate  # noqa: E402
+from spade_jax.sampling import generate_on_rows  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
 from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
 from spade_jax.bootstrap import build as bootstrap  # noqa: E402
@@ -106,8 +106,8 @@ def main() -> None:
     prompts = [policy.tokenizer.apply_chat_template(m, add_generation_prompt=True) for m in messages]
 
     clock = time.perf_counter()
-    generation = generate(policy, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    generation = generate_on_rows(policy, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                  top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     design_s = time.perf_counter() - clock
     texts = [policy.tokenizer.decode(generation.row_tokens(i)) for i in range(len(prompts))]
 

@@ -1,4 +1,4 @@
-"""Demo: SmolLM2-135M-Instruct answers a batch of chat prompts through the in-graph sampler.
+"""Demo: SmolLM2-135M-Instruct answers a batch of chat prompts on the rollout engine (`generate_on_rows`).
 
     python -m spade_jax.demo
     python -m spade_jax.demo --batch=16 --max_new_tokens=64 --temperature=0
@@ -48,7 +48,7 @@ FLAGS = flags.FLAGS
 def main(argv) -> None:
     del argv
     from spade_jax.models import load_pretrained
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import generate_on_rows
 
     if not FLAGS.model_path or not os.path.exists(FLAGS.model_path):
         raise app.UsageError(
@@ -65,14 +65,14 @@ def main(argv) -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
     sampling = dict(max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature, top_p=FLAGS.top_p)
 
-    warm = generate(policy, prompts, seed=FLAGS.seed + 1, **sampling)
-    gen = generate(policy, prompts, seed=FLAGS.seed, **sampling)
+    warm = generate_on_rows(policy, prompts, seed=FLAGS.seed + 1, **sampling)
+    gen = generate_on_rows(policy, prompts, seed=FLAGS.seed, **sampling)
     for i, question in enumerate(questions):
         ending = "stop token" if gen.finished[i] else "length limit"
         print(f"\n=== [{i}] {question}\n{tok.decode(gen.row_tokens(i)).strip()}\n--- {gen.lengths[i]} tokens, {ending}")
     s = gen.stats
     print(
-        f"\nSmolLM2-135M float32, batch {FLAGS.batch}, bucket {s.bucket}: {gen.num_tokens} tokens in "
+        f"\nSmolLM2-135M float32, batch {FLAGS.batch}, (rows, cache, steps) {s.bucket}: {gen.num_tokens} tokens in "
         f"{s.run_s:.2f} s = {gen.num_tokens / s.run_s:.1f} tokens/s "
         f"(prefill {s.prefill_s:.2f} s, decode {s.decode_s:.2f} s for {s.steps} steps); "
         f"compile {warm.stats.compile_s:.1f} s (warm-up call), load {load_s:.1f} s"

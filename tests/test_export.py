@@ -249,9 +249,9 @@ def test_bootstrap_exports_with_its_tokenizer_and_matches_logits(bootstrap_expor
 
 
 def test_bootstrap_greedy_generation_through_the_exported_chat_template(bootstrap_export):
-    """32 greedy tokens after the exported chat template: transformers' generate equals spade_jax's sampler."""
+    """32 greedy tokens after the exported chat template: transformers' generate equals spade_jax's engine."""
     from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import generate_on_rows
 
     policy, _, _, model, tokenizer = bootstrap_export
     messages = [{"role": "system", "content": AGENT_SYSTEM_PROMPT},
@@ -259,7 +259,7 @@ def test_bootstrap_greedy_generation_through_the_exported_chat_template(bootstra
     prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                 return_dict=False))
     assert prompt == policy.tokenizer.apply_chat_template(messages)
-    ours = generate(policy, [prompt], max_new_tokens=32, temperature=0.0)
+    ours = generate_on_rows(policy, [prompt], max_new_tokens=32, temperature=0.0)
     ours_ids = [int(t) for t in ours.tokens[0, : ours.lengths[0]]]
     with torch.no_grad():
         theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32)

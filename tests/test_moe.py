@@ -25,7 +25,6 @@ from spade_jax.models.moe import RouterStats, load_balancing_loss
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
 from spade_jax.sampling.engine import generate_on_rows
-from spade_jax.sampling.sampler import generate
 
 TOLERANCE = 1e-5
 V = 96
@@ -168,7 +167,7 @@ def test_gguf_qwen3moe_matches_transformers(tmp_path):
 def test_greedy_generation_matches_transformers_for_32_tokens(tmp_path_factory):
     model, _, policy = _saved("e4-k2-norm-dense1", tmp_path_factory)
     prompts = [list(np.random.default_rng(5 + i).integers(0, V, n)) for i, n in enumerate((5, 11, 8))]
-    gen = generate(policy, prompts, max_new_tokens=32, temperature=0, stop_token_ids=[])
+    gen = generate_on_rows(policy, prompts, max_new_tokens=32, temperature=0, stop_token_ids=[])
     for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -305,13 +304,13 @@ def test_capacity_drops_are_counted_and_a_generous_capacity_equals_dropless():
     assert floored_stats.dropped.sum() == 0
 
 
-def test_rollout_engine_with_sharded_experts_equals_the_lockstep_sampler_on_one_device():
+def test_rollout_engine_with_sharded_experts_equals_one_device():
     """The rollout engine (rows refilled as replies end) on 8 devices, experts over fsdp (4 per
-    device, width over tensor) and rows over data and fsdp, gives the greedy tokens of
-    `generate` on one device."""
+    device, width over tensor) and rows over data and fsdp, gives the greedy tokens of every
+    prompt decoding at once on one device."""
     prompts = [list(np.random.default_rng(9 + i).integers(0, V, 6 + i)) for i in range(10)]
     one = random_policy(MOE, seed=2, mesh=_one_device())
-    ref = generate(one, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[]).tokens
+    ref = generate_on_rows(one, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[], rows=16).tokens
     sharded = random_policy(MOE, seed=2, mesh=make_mesh((2, 2, 2), jax.devices()[:8]))
     assert sharded.model.layers[0].mlp.gate_EDF[...].addressable_shards[0].data.shape == (4, 32, 8)
     out = generate_on_rows(sharded, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[], rows=8).tokens

@@ -7,7 +7,7 @@ from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.rl.advantages import agent_advantages
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
-from spade_jax.sampling import generate
+from spade_jax.sampling import generate_on_rows
 
 PROMPT = [1, 2, 3]
 TARGET = 5
@@ -25,7 +25,7 @@ def test_updates_raise_probability_and_reward_of_the_preferred_answer():
 
     start_p, rewards = p_target(), []
     for step in range(8):
-        gen = generate(policy, [PROMPT] * 32, max_new_tokens=1, temperature=1.0, seed=step, stop_token_ids=())
+        gen = generate_on_rows(policy, [PROMPT] * 32, max_new_tokens=1, temperature=1.0, seed=step, stop_token_ids=())
         answers = gen.tokens[:, 0]
         reward = (answers == TARGET).astype(float)
         rewards.append(reward.mean())

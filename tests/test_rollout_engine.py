@@ -12,8 +12,7 @@ from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.agent.rollout import RolloutStats
 from spade_jax.envs import library
 from spade_jax.models import ModelConfig, make_mesh, random_policy
-from spade_jax.sampling import generate
-from spade_jax.sampling.engine import MAX_APPEND_TOKENS, RowEngine
+from spade_jax.sampling.engine import MAX_APPEND_TOKENS, RowEngine, generate_on_rows
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 
 SMALL = ModelConfig(
@@ -218,14 +217,15 @@ def _same(a, b, logprob_tol=0.0):
 
 @pytest.mark.parametrize("step_cut_replies,overlap", [(True, False), (False, True)])
 def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_replies, overlap):
-    """Six episodes (two hinted) on three rows, so rows are refilled from the queue. The random
+    """Six episodes (two hinted) on three rows, so rows are refilled from the queue, equal lock-step
+    turns (every turn a fresh engine over each live conversation, written from its first token). The random
     policy's replies mostly run to max_new_tokens: stepped anyway (`step_cut_replies`, several
     turns), or each plain one ends its episode unstepped (the default; with the sandbox
     overlapped) while the hinted ones are stepped."""
     cfg = AgentConfig(max_turns=3, max_new_tokens=16, context_budget=1536, temperature=0.0, rows=3,
                       step_cut_replies=step_cut_replies)
     requests = _requests(4) + _requests(2, hinted=True)
-    lockstep = play_episodes(chat_policy, pool, requests, cfg, sample=generate)
+    lockstep = play_episodes(chat_policy, pool, requests, cfg, sample=generate_on_rows)
     stats = RolloutStats()
     engine = play_episodes(chat_policy, pool, requests, dataclasses.replace(cfg, overlap_sandbox=overlap), stats=stats)
     _same(lockstep, engine, logprob_tol=1e-4)

