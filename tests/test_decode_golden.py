@@ -1,9 +1,9 @@
 """The demo and the benchmarks decode the tokens they decoded on `sampling.sampler.generate`.
 
-`generate` (one prefill and one in-graph decode loop per call) served `spade_jax/demo.py`,
-`bench/sampler_vs_hf.py`, the designer prompts of `bench/tiny_bootstrap.py` and
-`bench/designer_repeats.py`, and the lock-step turns of `bench/rollout.py`, until they moved onto
-the rollout engine (`generate_on_rows`, issue 49). Each case below is one of those calls (its
+`generate` (one prefill and one in-graph decode loop per call; its last commit is e86c90e) served
+`spade_jax/demo.py`, `bench/sampler_vs_hf.py`, the designer prompts of `bench/tiny_bootstrap.py`
+and `bench/designer_repeats.py`, and the lock-step turns of `bench/rollout.py`, until they moved
+onto the rollout engine (`generate_on_rows`, issue 49). Each case below is one of those calls (its
 settings, prompt lengths and stop tokens) on a 2-layer model whose weights are drawn by numpy, so
 they do not depend on JAX's initialisers; the golden tokens are what `generate` returned at
 commit b45368a, greedy. Every greedy step's top two logits differ by at least 0.035 here, far
@@ -24,7 +24,7 @@ import pytest
 from flax import nnx
 
 from spade_jax.models import ModelConfig, make_mesh, random_policy
-from spade_jax.sampling import generate, generate_on_rows
+from spade_jax.sampling import generate_on_rows
 
 CONFIG = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8)
@@ -117,11 +117,10 @@ def test_the_golden_tokens_are_this_models_greedy_tokens(policy, name):
         np.testing.assert_array_equal(np.argmax(logits_TV, -1), reply)
 
 
-@pytest.mark.parametrize("decode", [generate, generate_on_rows], ids=["generate", "engine"])
 @pytest.mark.parametrize("name", CASES)
-def test_each_caller_decodes_the_tokens_generate_gave(policy, name, decode):
+def test_each_caller_decodes_the_tokens_generate_gave(policy, name):
     call, tokens, logprob_sums, finished = CASES[name]
-    generation = decode(policy, **call)
+    generation = generate_on_rows(policy, **call)
     assert [generation.row_tokens(i) for i in range(len(tokens))] == tokens
     assert generation.finished.tolist() == finished
     assert generation.tokens.shape == (len(tokens), call["max_new_tokens"])

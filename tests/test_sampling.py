@@ -1,7 +1,10 @@
-"""The in-graph batched sampler: parity with transformers, statistics, log-probs, stops, buckets, sharding."""
+"""One reply per prompt on the rollout engine (`generate_on_rows`): parity with transformers, statistics,
+log-probs, stops, compiled programs, host memory, sharding."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import subprocess
 import sys
 
@@ -11,9 +14,8 @@ import numpy as np
 import pytest
 
 from spade_jax.models import ModelConfig, make_mesh, random_policy
-from spade_jax.sampling import generate
-from spade_jax.sampling import host_memory, sampler
-from spade_jax.sampling.batching import bucket, pad_prompts
+from spade_jax.sampling import engine, generate_on_rows, host_memory
+from spade_jax.sampling.batching import bucket
 from spade_jax.sampling.tokens import filter_logits
 
 TINY = ModelConfig(
@@ -51,14 +53,9 @@ def _full_forward_logprobs(policy, prompt, generated):
 # ----------------------------------------------------------------- pure pieces
 
 
-def test_buckets_and_left_padding():
+def test_buckets():
     assert [bucket(n, 32) for n in (1, 32, 33, 64, 65)] == [32, 32, 64, 64, 128]
     assert [bucket(n, 1, 4) for n in (1, 3, 5, 8)] == [4, 4, 8, 8]
-    batch = pad_prompts([[5, 6, 7], [9]], batch=4, length=4, pad_id=0, vocab_size=10)
-    np.testing.assert_array_equal(batch.tokens_BT[:2], [[0, 5, 6, 7], [0, 0, 0, 9]])
-    np.testing.assert_array_equal(batch.positions_BT[:2], [[0, 0, 1, 2], [0, 0, 0, 0]])
-    np.testing.assert_array_equal(batch.segment_ids_BT, [[0, 1, 1, 1], [0, 0, 0, 1], [0, 0, 0, 1], [0, 0, 0, 1]])
-    np.testing.assert_array_equal(batch.lengths_B, [3, 1, 1, 1])
 
 
 def test_filter_logits_by_hand():
@@ -81,7 +78,7 @@ def test_logprobs_equal_full_forward_log_softmax(tiny):
     rng = np.random.default_rng(0)
     prompts = _prompts(rng, [3, 11, 7], TINY.vocab_size)
     for kwargs in (dict(temperature=1.0), dict(temperature=0.7, top_k=5, top_p=0.9), dict(temperature=0.0)):
-        gen = generate(tiny, prompts, max_new_tokens=12, seed=4, stop_token_ids=[], **kwargs)
+        gen = generate_on_rows(tiny, prompts, max_new_tokens=12, seed=4, stop_token_ids=[], **kwargs)
         assert gen.tokens.shape == (3, 12) and (gen.lengths == 12).all()
         for i, prompt in enumerate(prompts):
             ref_logp, ref_argmax = _full_forward_logprobs(tiny, prompt, gen.row_tokens(i))
@@ -93,17 +90,19 @@ def test_logprobs_equal_full_forward_log_softmax(tiny):
 def test_seed_reproducible_and_rows_independent(tiny):
     rng = np.random.default_rng(1)
     prompts = _prompts(rng, [4, 9, 2, 6, 5], TINY.vocab_size)
-    a = generate(tiny, prompts, max_new_tokens=16, seed=7, stop_token_ids=[])
-    b = generate(tiny, prompts, max_new_tokens=16, seed=7, stop_token_ids=[])
+    a = generate_on_rows(tiny, prompts, max_new_tokens=16, seed=7, stop_token_ids=[])
+    b = generate_on_rows(tiny, prompts, max_new_tokens=16, seed=7, stop_token_ids=[])
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.logprobs, b.logprobs)
-    c = generate(tiny, prompts, max_new_tokens=16, seed=8, stop_token_ids=[])
+    c = generate_on_rows(tiny, prompts, max_new_tokens=16, seed=8, stop_token_ids=[])
     assert (a.tokens != c.tokens).mean() > 0.5
-    # A row's draws depend on (seed, row), not on the rest of the batch or its bucket.
-    d = generate(tiny, prompts[:3], max_new_tokens=16, seed=7, stop_token_ids=[])
+    # A prompt's draws depend on (seed, its index), not on the other prompts or how many decode at once.
+    d = generate_on_rows(tiny, prompts[:3], max_new_tokens=16, seed=7, stop_token_ids=[])
     np.testing.assert_array_equal(d.tokens, a.tokens[:3])
+    two_rows = generate_on_rows(tiny, prompts, max_new_tokens=16, seed=7, stop_token_ids=[], rows=2)
+    np.testing.assert_array_equal(two_rows.tokens, a.tokens)
     # Identical prompts in different rows are sampled independently.
-    e = generate(tiny, [prompts[0]] * 8, max_new_tokens=16, seed=7, stop_token_ids=[])
+    e = generate_on_rows(tiny, [prompts[0]] * 8, max_new_tokens=16, seed=7, stop_token_ids=[])
     assert len({tuple(row) for row in e.tokens.tolist()}) == 8
 
 
@@ -129,9 +128,9 @@ def test_sampling_distribution_matches_tempered_truncated_softmax(tiny, temperat
     n = 4096
     logits_V = tiny.logits(np.asarray([prompt]))[0, -1]
     expected = _expected_distribution(logits_V, temperature, top_k, top_p)
-    gen = generate(
+    gen = generate_on_rows(
         tiny, [prompt] * n, max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p,
-        seed=11, stop_token_ids=[],
+        seed=11, stop_token_ids=[], rows=n,
     )
     freq = np.bincount(gen.tokens[:, 0], minlength=TINY.vocab_size) / n
     assert (freq[expected == 0] == 0).all(), "a token outside the top-k / nucleus was sampled"
@@ -145,9 +144,9 @@ def test_sampling_distribution_matches_tempered_truncated_softmax(tiny, temperat
 def test_stop_tokens_per_row_and_no_leaks(tiny):
     rng = np.random.default_rng(2)
     prompts = _prompts(rng, [5, 8, 3], TINY.vocab_size)
-    free = generate(tiny, prompts, max_new_tokens=20, temperature=0, stop_token_ids=[])
+    free = generate_on_rows(tiny, prompts, max_new_tokens=20, temperature=0, stop_token_ids=[])
     stop = int(free.tokens[0, 4])
-    stopped = generate(tiny, prompts, max_new_tokens=20, temperature=0, stop_token_ids=[stop])
+    stopped = generate_on_rows(tiny, prompts, max_new_tokens=20, temperature=0, stop_token_ids=[stop])
     for i in range(3):
         hits = np.flatnonzero(free.tokens[i] == stop)
         length = hits[0] + 1 if hits.size else 20
@@ -156,49 +155,55 @@ def test_stop_tokens_per_row_and_no_leaks(tiny):
         np.testing.assert_array_equal(stopped.logprobs[i, :length], free.logprobs[i, :length])
         assert (stopped.tokens[i, length:] == 0).all() and (stopped.logprobs[i, length:] == 0).all()
     assert stopped.lengths[0] <= 5 and stopped.finished[0]
-    assert stopped.tokens.shape == (3, 20)  # padding rows of the batch bucket (4) are not returned
+    assert stopped.tokens.shape == (3, 20)  # the engine's padding row (it has 4) is not returned
 
 
-def test_loop_exits_when_every_row_has_stopped(tiny):
+def test_decoding_ends_when_every_reply_has_stopped(tiny):
     rng = np.random.default_rng(3)
     prompts = _prompts(rng, [6, 2], TINY.vocab_size)
-    free = generate(tiny, prompts, max_new_tokens=30, temperature=0, stop_token_ids=[])
+    free = generate_on_rows(tiny, prompts, max_new_tokens=30, temperature=0, stop_token_ids=[])
     stops = sorted({int(free.tokens[0, 2]), int(free.tokens[1, 2])})
-    gen = generate(tiny, prompts, max_new_tokens=30, temperature=0, stop_token_ids=stops)
+    gen = generate_on_rows(tiny, prompts, max_new_tokens=30, temperature=0, stop_token_ids=stops)
     assert gen.finished.all() and (gen.lengths <= 3).all()
     assert gen.stats.steps == gen.lengths.max() < 30
 
 
-def test_compiles_bounded_by_buckets(tiny):
+def test_compiles_bounded_by_buckets():
+    """3..4 prompts -> 4 rows, 5..8 -> 8; prompts of 33..64 tokens -> one append of 64; 17..32 new
+    tokens -> 32 steps a chunk, a cache of 128 slots: per row bucket one cache, one append and one
+    decode program (a model no other test uses), then nothing more."""
+    config = dataclasses.replace(TINY, vocab_size=72)
+    policy = random_policy(config, seed=1, mesh=_one_device())
     rng = np.random.default_rng(4)
-    before = len(sampler._PROGRAMS)
-    # Batches 3..4 -> bucket 4, 5..8 -> bucket 8; prompts of 33..64 tokens -> 64; 17..32 new tokens -> 32:
-    # two buckets no other test uses, so exactly two compilations.
     calls = [(3, 17), (4, 32), (5, 19), (8, 25), (3, 32), (7, 18), (6, 30), (4, 21), (8, 27), (5, 32)]
-    for call, (rows, new) in enumerate(calls):
-        lengths = rng.integers(33, 65, rows)
-        gen = generate(
-            tiny, _prompts(rng, lengths, TINY.vocab_size), max_new_tokens=new,
-            temperature=0.5 + 0.1 * call, top_p=0.9, seed=call, stop_token_ids=[],
-        )
-        assert gen.tokens.shape == (rows, new)
-    assert len(sampler._PROGRAMS) - before == 2
-    assert gen.stats.compile_s == 0.0 and gen.stats.bucket == (8, 64, 32)
+    before = set(engine._PROGRAMS)
+    for repeat in range(2):
+        for call, (rows, new) in enumerate(calls):
+            lengths = rng.integers(33, 65, rows)
+            gen = generate_on_rows(
+                policy, _prompts(rng, lengths, config.vocab_size), max_new_tokens=new,
+                temperature=0.5 + 0.1 * call, top_p=0.9, seed=call, stop_token_ids=[],
+            )
+            assert gen.tokens.shape == (rows, new)
+            assert gen.stats.bucket == (bucket(rows), 128, 32)
+            assert gen.stats.compile_s == 0 or repeat == 0
+        kinds = collections.Counter(key[0] for key in set(engine._PROGRAMS) - before)
+        assert kinds == {"init": 2, "append": 2, "decode": 2}, (repeat, kinds)
 
 
 def test_user_errors_are_clear(tiny):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        generate(tiny, [[1], []], max_new_tokens=2)
+        generate_on_rows(tiny, [[1], []], max_new_tokens=2)
     with pytest.raises(ValueError, match="at least one prompt"):
-        generate(tiny, [], max_new_tokens=2)
+        generate_on_rows(tiny, [], max_new_tokens=2)
     with pytest.raises(ValueError, match="token ids outside"):
-        generate(tiny, [[TINY.vocab_size]], max_new_tokens=2)
+        generate_on_rows(tiny, [[TINY.vocab_size]], max_new_tokens=2)
     with pytest.raises(ValueError, match="temperature"):
-        generate(tiny, [[1]], max_new_tokens=2, temperature=-1)
+        generate_on_rows(tiny, [[1]], max_new_tokens=2, temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
-        generate(tiny, [[1]], max_new_tokens=2, top_p=0)
+        generate_on_rows(tiny, [[1]], max_new_tokens=2, top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        generate(tiny, [[1]], max_new_tokens=0)
+        generate_on_rows(tiny, [[1]], max_new_tokens=0)
 
 
 # -------------------------------------------------------------------- sharding
@@ -209,7 +214,7 @@ import sys
 import jax
 import numpy as np
 from spade_jax.models import ModelConfig, make_mesh, random_policy
-from spade_jax.sampling import generate, host_memory
+from spade_jax.sampling import generate_on_rows, host_memory
 if sys.argv[1] == "no-trim":
     host_memory._malloc_trim = lambda: None
 def peak_mb():
@@ -220,10 +225,10 @@ policy = random_policy(cfg, seed=0, mesh=make_mesh((1, 1, 1), jax.devices()[:1])
 prompts = [list(np.random.default_rng(i).integers(0, 256, 500)) for i in range(16)]
 peaks = []
 for _ in range(5):
-    generation = generate(policy, prompts, max_new_tokens=4, temperature=0.0, stop_token_ids=[])
+    generation = generate_on_rows(policy, prompts, max_new_tokens=4, temperature=0.0, stop_token_ids=[])
     peaks.append(peak_mb())
-B, T, N = generation.stats.bucket
-print(peaks[0], peaks[-1], 2 * cfg.num_layers * B * cfg.num_kv_heads * (T + N) * cfg.head_dim * 4 / 2**20)
+rows, slots, _ = generation.stats.bucket
+print(peaks[0], peaks[-1], 2 * cfg.num_layers * rows * cfg.num_kv_heads * slots * cfg.head_dim * 4 / 2**20)
 """
 
 
@@ -257,15 +262,16 @@ def test_sharded_sampler_matches_one_device():
     rng = np.random.default_rng(5)
     prompts = _prompts(rng, [7, 3, 12, 5, 9], SHARDABLE.vocab_size)
     for kwargs in (dict(temperature=0.0, top_p=0.95), dict(temperature=1.0, top_p=0.95, top_k=40)):  # one program
-        a = generate(one, prompts, max_new_tokens=10, seed=3, stop_token_ids=[], **kwargs)
-        b = generate(eight, prompts, max_new_tokens=10, seed=3, stop_token_ids=[], **kwargs)
+        a = generate_on_rows(one, prompts, max_new_tokens=10, seed=3, stop_token_ids=[], **kwargs)
+        b = generate_on_rows(eight, prompts, max_new_tokens=10, seed=3, stop_token_ids=[], **kwargs)
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     rows = np.asarray([p + a.row_tokens(i) for i, p in enumerate(prompts) if len(p) == 7])
     np.testing.assert_allclose(one.logits(rows), eight.logits(rows), atol=1e-5)
     # The decode program reads the batch sharded over (data, fsdp) and the cache also over kv heads.
-    programs = [p for k, p in sampler._PROGRAMS.items() if k[3] is eight.mesh]
-    cache_sharding = programs[-1].decode.input_shardings[0][1].k_BKHS[0]
+    programs = [p for (kind, _, _, signature), p in engine._PROGRAMS.items()
+                if kind == "decode" and signature[2] is eight.mesh]
+    cache_sharding = programs[-1].input_shardings[0][1][0][0]  # the cache argument, layer 0's keys
     assert (tuple(cache_sharding.spec) + (None,) * 4)[:2] == (("data", "fsdp"), "tensor")
 
 
@@ -298,7 +304,7 @@ def test_greedy_matches_transformers_generate(smollm2_policy, smollm2_hf):
     prompts = [tok.apply_chat_template(c) for c in chats]
     assert len({len(p) for p in prompts}) == len(prompts)
     n = 64
-    gen = generate(smollm2_policy, prompts, max_new_tokens=n, temperature=0, stop_token_ids=[])
+    gen = generate_on_rows(smollm2_policy, prompts, max_new_tokens=n, temperature=0, stop_token_ids=[])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CPU is shared; one thread avoids OpenMP spinning
     try:

@@ -41,6 +41,10 @@ a reply to a set of tokens (`allowed_tokens`: constrained decoding, a token at a
 chunk compiles the top-k/top-p filter and the token mask in only when one of its rows asks
 for them (four programs per shape at most).
 
+`generate_on_rows` is the one-reply-per-prompt call on an engine (the demo, the benchmarks,
+`chat.complete_chats`): prompts in, a `Generation` (tokens, log-probs, lengths, which replies
+ended on a stop token) out.
+
 Randomness: the token a row draws at reply index i of turn t of stream s (the caller's
 episode index, or a request's seed) comes from `fold_in(fold_in(fold_in(key(seed), s), t), i)`,
 so sampled replies do not depend on which row an episode got, on when it ran or on what the
@@ -67,7 +71,6 @@ from spade_jax.sampling.paged_attention import resolve as resolve_attention
 from spade_jax.sampling.paged_cache import (
     PageTable, forward_pages, grow_pool, init_pools, new_slots_to_pages, pages_for, pool_shardings, rows_from_pages,
 )
-from spade_jax.sampling.sampler import Generation, GenerationStats, batch_shards, check_sampling_args, place_inputs
 from spade_jax.sampling.tokens import select_tokens, token_logprobs
 
 MIN_CACHE_BUCKET = 128
@@ -83,6 +86,45 @@ DEFAULT_KV_CACHE = "contiguous"
 PAGE_SIZE = 64  # slots per page of the paged cache
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")
 _VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    """Where the time of one `generate_on_rows` call went (seconds) and which bucket it used."""
+
+    compile_s: float  # building programs for new shapes (0 when every program was cached)
+    prefill_s: float  # writing the prompts into the cache (the engine's append passes)
+    decode_s: float
+    steps: int  # decode loop iterations, every chunk's together
+    bucket: tuple[int, int, int]  # (rows, the largest cache bucket in slots, decode steps per chunk)
+
+    @property
+    def run_s(self) -> float:
+        """Wall time of prefill and decode, without compilation."""
+        return self.prefill_s + self.decode_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """Sampled continuations of a batch of prompts; row i belongs to prompt i.
+
+    `tokens[i, :lengths[i]]` are the generated ids (the stop token included when
+    `finished[i]`); the rest of the row is the pad id with log-prob 0. Also what a
+    `play_episodes(sample=...)` function returns.
+    """
+
+    tokens: np.ndarray  # (B, N) int32
+    logprobs: np.ndarray  # (B, N) float32, log-prob under the unmodified policy (temperature 1)
+    lengths: np.ndarray  # (B,) int32
+    finished: np.ndarray  # (B,) bool: the row ended on a stop token
+    stats: GenerationStats
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def row_tokens(self, i: int) -> list[int]:
+        return self.tokens[i, : self.lengths[i]].tolist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +161,32 @@ class EngineStats:
 
 
 _PROGRAMS: dict[tuple, jax.stages.Compiled] = {}
+
+
+def check_sampling_args(max_new_tokens, temperature, top_p, top_k) -> None:
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if int(top_k) < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+
+
+def batch_shards(mesh, rules) -> int:
+    """Number of devices the batch axis is split over when it divides evenly."""
+    return int(np.prod([mesh.shape[a] for a in dict(rules).get("batch", ())]))
+
+
+def place_inputs(host: dict, mesh, rules) -> dict:
+    """Global arrays built from the (identical on every process) host arrays; batch-leading ones sharded."""
+    placed = {}
+    for name, value in host.items():
+        axes = ("batch",) + (None,) * (value.ndim - 1) if name.endswith(("_B", "_BT")) else (None,) * value.ndim
+        sharding = NamedSharding(mesh, logical_to_spec(axes, value.shape, mesh, rules))
+        placed[name] = jax.make_array_from_callback(value.shape, sharding, lambda index, v=value: v[index])
+    return placed
 
 
 def stepped_bucket(n: int, step: int, multiple: int = 1) -> int:
@@ -722,17 +790,29 @@ def generate_on_rows(policy, prompts: Sequence[Sequence[int]], *, max_new_tokens
                      stop_token_ids: Sequence[int] | None = None, rows: int = 32,
                      refill_fraction: float = 0.25, limits: Sequence[int] | None = None,
                      kv_cache: str = DEFAULT_KV_CACHE, page_size: int = PAGE_SIZE) -> Generation:
-    """`generate`'s contract on a `RowEngine`: one reply per prompt, `rows` prompts decoding at
-    once, a row refilled with the next prompt as soon as its reply ends.
+    """Samples one reply of up to `max_new_tokens` tokens after each prompt (lists of token ids)
+    on a `RowEngine`: `rows` prompts decode at once, a row takes the next prompt as soon as its
+    reply ends.
 
-    Prompt i samples with stream i, so replies do not depend on `rows`. ``limits[i]`` caps
-    prompt i's reply (`RowEngine.submit`'s ``limit``; None: ``max_new_tokens`` for every prompt).
-    `kv_cache` and `page_size` choose the engine's cache (`RowEngine`).
+    temperature 0 is greedy decoding; `top_k` 0 and `top_p` 1 disable truncation.
+    `stop_token_ids` defaults to the tokenizer's end-of-sequence ids (none without a tokenizer);
+    a reply ends after emitting one of them. Prompt i samples with stream i, so replies do not
+    depend on `rows`. ``limits[i]`` caps prompt i's reply (`RowEngine.submit`'s ``limit``; None:
+    ``max_new_tokens`` for every prompt). `kv_cache` and `page_size` choose the engine's cache
+    (`RowEngine`). Every process of a multi-process run must make the same call; all get the
+    full result.
     """
     if not prompts:
-        raise ValueError("generate needs at least one prompt; got an empty prompts list")
+        raise ValueError("generate_on_rows needs at least one prompt; got an empty prompts list")
     if limits is not None and len(limits) != len(prompts):
         raise ValueError(f"{len(limits)} limits for {len(prompts)} prompts")
+    vocab = policy.config.vocab_size
+    for i, prompt in enumerate(prompts):
+        ids = np.asarray(prompt, np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
     engine = RowEngine(policy, min(rows, len(prompts)), max_new_tokens=max_new_tokens, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, stop_token_ids=stop_token_ids, kv_cache=kv_cache,
                        page_size=page_size)
