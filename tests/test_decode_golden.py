@@ -1,6 +1,6 @@
 """The demo and the benchmarks decode the tokens they decoded on `sampling.sampler.generate`.
 
-`generate` (one prefill and one in-graph decode loop per call; its last commit is e86c90e) served
+`generate` (one prefill and one in-graph decode loop per call; removed in 66e45dc) served
 `spade_jax/demo.py`, `bench/sampler_vs_hf.py`, the designer prompts of `bench/tiny_bootstrap.py`
 and `bench/designer_repeats.py`, and the lock-step turns of `bench/rollout.py`, until they moved
 onto the rollout engine (`generate_on_rows`, issue 49). Each case below is one of those calls (its
