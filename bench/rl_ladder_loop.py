@@ -9,8 +9,8 @@ run is skipped, an unfinished one resumes from its checkpoint), then score check
 score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only does what is missing.
 
 - **rung 2, designer RL with a frozen agent**: the preset with the agent's loss weight 0 (its plays
-  are not packed, so the designer's "auto" reward scale is x1), a design every iteration scored
-  in its own iteration by the blend reward, ``--slots`` designs over ``--slots / --per_skill``
+  are not packed, so the designer's "auto" reward scale is x1), a design round every iteration
+  scored one iteration later by the blend reward, ``--slots`` designs over ``--slots / --per_skill``
   skills (so per-skill centring has groups of ``--per_skill``), every rejected design trained on
   the failure penalty; arm ``spade`` trains the designer, arm ``frozen``
   (`designer.train=False`) has the same prompts' seeds and trains nothing. Measured on ``--prompts``
@@ -99,15 +99,14 @@ def paired(before: dict, after: dict, key: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def rung2_overrides(args) -> list[str]:
-    """The preset made into rung 2: frozen agent loss, a design per iteration scored in it by the
-    blend, groups of ``per_skill`` designs per skill, rejected designs trained on the penalty."""
+    """The preset made into rung 2: frozen agent loss, a design round per iteration scored one
+    iteration later by the blend, groups of ``per_skill`` designs per skill, rejected designs trained on the penalty."""
     if args.slots % args.per_skill or args.per_skill < 2:
         raise SystemExit(f"--slots ({args.slots}) must be a multiple of --per_skill ({args.per_skill}) >= 2")
     return ["--config.rl.agent_weight=0", "--config.designer.regeneration_period=1",
-            "--config.designer.reward_delay=0", f"--config.designer.num_slots={args.slots}",
+            "--config.designer.reward_delay=1", f"--config.designer.num_slots={args.slots}",
             f"--config.designer.skills_per_regeneration={args.slots // args.per_skill}",
-            "--config.designer.reward.kind=blend", "--config.designer.reward.blend_without_delay=True",
-            "--config.designer.reward.rejected=penalty", "--config.eval.every=0"]
+            "--config.designer.reward.kind=blend", "--config.designer.reward.rejected=penalty", "--config.eval.every=0"]
 
 
 def rung2b_overrides(args) -> list[str]:
@@ -262,7 +261,7 @@ def play_designs(player, config, designs, seed: int, pool):
     from spade_jax.selfplay import config as config_lib
     from spade_jax.selfplay.state import PoolEnv
 
-    hint_cfg, reward_cfg = config_lib.hint_config(config), config_lib.reward_config(config)
+    hint_cfg = config_lib.hint_config(config)
     envs = [PoolEnv(f"fresh{d.slot:03d}", d.report.code, d.skill, d.doc_id, design_iteration=0)
             for d in designs if d.admitted]
     hints = write_hints(player, [e.code for e in envs], hint_cfg, seed=derive_seed(seed, "ladder-hints"))
@@ -271,8 +270,7 @@ def play_designs(player, config, designs, seed: int, pool):
     k, k_hinted, requests = config.agent.episodes_per_env, config.agent.hinted_episodes_per_env, []
     for e, env in enumerate(envs):
         seeds = [derive_seed(seed, "ladder-plays", e, j) % EPISODE_SEED_SPACE for j in range(k)]
-        hinted = None if reward_cfg.matched_seeds else [
-            derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k_hinted)]
+        hinted = [derive_seed(seed, "ladder-plays", e, "hinted", j) % EPISODE_SEED_SPACE for j in range(k_hinted)]
         requests += matched_requests(e, env.code, seeds, hint_cfg.mode, env.hint, hint_cfg.placebo_of, hinted)
     agent_cfg, stream = config_lib.agent_config(config), derive_seed(seed, "ladder-episodes")
     if config.agent.player == "scripted":
@@ -307,7 +305,7 @@ def score_designs(designs, envs, config, *, unadmitted: str = "penalty") -> dict
     designs = final_designs(designs)
     rejected = "penalty" if unadmitted == "penalty" else "drop"
     reward_cfg = dataclasses.replace(config_lib.reward_config(config), rejected=rejected)
-    stats = scoring.env_statistics(envs, reward_cfg.regret_plays, reward_cfg.matched_seeds)
+    stats = scoring.env_statistics(envs)
     by_id = {e.env_id: s for e, s in zip(envs, stats) if s is not None}
     env_ids = [f"fresh{d.slot:03d}" if d.admitted else None for d in designs]
     due = [PendingDesign(0, 0, d.slot, d.skill, d.difficulty, d.doc_id, env_id, d.report.stage, d.report.reason,

@@ -74,8 +74,24 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def refuse_retired(workdir: str, saved: dict) -> None:
+    """Stops when the run saved in `workdir` used a retired switch (`selfplay.config.RETIRED`) with a
+    value other than today's rule: this code cannot continue it."""
+    from spade_jax.selfplay.config import RETIRED
+
+    used = [(k, saved[k]) for k in RETIRED if k in saved and saved[k] != RETIRED[k][0]]
+    if used:
+        field, value = used[0]
+        raise SystemExit(
+            f"error: {workdir} holds a run made with config.{field}={value!r}, a rule spade_jax no longer has "
+            f"(retired after commit {RETIRED[field][1]}, docs/DESIGN.md); resume it with spade_jax at that commit"
+        )
+
+
 def check_workdir(workdir: str, config_json: dict, allow_change: bool) -> None:
     """Refuses to overwrite a previous run's outputs; checks a resumed run's config."""
+    from spade_jax.selfplay.config import RETIRED
+
     saved_path = os.path.join(workdir, "config.json")
     has_checkpoint = os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
         name.isdigit() for name in os.listdir(os.path.join(workdir, "checkpoints"))
@@ -90,9 +106,11 @@ def check_workdir(workdir: str, config_json: dict, allow_change: bool) -> None:
         return
     with open(saved_path) as f:
         saved = _flatten(json.load(f))
+    refuse_retired(workdir, saved)
     now = _flatten(config_json)
     changed = sorted(
-        k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and not k.startswith(_RESUMABLE_CHANGES)
+        k for k in set(saved) | set(now)
+        if saved.get(k) != now.get(k) and not k.startswith(_RESUMABLE_CHANGES) and k not in RETIRED
     )
     if changed and not allow_change:
         raise SystemExit(

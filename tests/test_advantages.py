@@ -15,14 +15,10 @@ def test_designer_advantages_centre_per_skill_without_std():
         A.designer_advantages([1.0, 2.0], ["a"])
 
 
-def test_a_designer_sample_alone_in_its_skill_gets_zero_or_optionally_the_batch_mean():
-    # a: mean 2; b and c alone: 0 as in the reference, or on the batch mean 6.5 / 4 = 1.625
+def test_a_designer_sample_alone_in_its_skill_gets_zero():
+    # a: mean 2; b and c alone: 0 as in the reference
     np.testing.assert_allclose(A.designer_advantages([1.0, 3.0, 0.5, 2.0], ["a", "a", "b", "c"]),
                                [-1.0, 1.0, 0.0, 0.0])
-    np.testing.assert_allclose(A.designer_advantages([1.0, 3.0, 0.5, 2.0], ["a", "a", "b", "c"],
-                                                     lone_to_batch_mean=True),
-                               [-1.0, 1.0, 0.5 - 1.625, 2.0 - 1.625])
-    np.testing.assert_array_equal(A.designer_advantages([0.7], ["a"], lone_to_batch_mean=True), [0.0])
 
 
 def test_designer_advantages_are_scaled_after_centring():

@@ -119,3 +119,23 @@ def test_resuming_with_a_different_config_is_refused(tmp_path, config_path, refe
     changed = _main(tmp_path, config_path, "--config.rl.lr=0.5")
     out = _finish(changed)
     assert changed.returncode != 0 and "rl.lr" in out
+
+
+def test_a_run_made_with_a_retired_switch_is_refused_with_the_commit_that_had_it(tmp_path):
+    """A run saved with an earlier rule's switch set (here `designer.reward.matched_seeds`) cannot
+    be continued by this code: one message names the field and the last commit that had it; one
+    saved with the switch at today's rule resumes (the field is only dropped)."""
+    from spade_jax import main
+    from spade_jax.selfplay.config import RETIRED, base_config
+
+    config = json.loads(base_config().to_json())
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)
+    saved = json.loads(json.dumps(config))
+    saved["designer"]["reward"]["matched_seeds"] = True
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(SystemExit, match=r"config\.designer\.reward\.matched_seeds=True.*retired after commit "
+                                         + RETIRED["designer.reward.matched_seeds"][1]):
+        main.check_workdir(str(tmp_path), config, allow_change=False)
+    saved["designer"]["reward"]["matched_seeds"] = False
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    main.check_workdir(str(tmp_path), config, allow_change=False)

@@ -9,7 +9,7 @@ import pytest
 from spade_jax.agent import EpisodeRequest, Trajectory
 from spade_jax.rl.rewards import DesignerRewardConfig, SkillRewardAverages
 from spade_jax.selfplay import scoring
-from spade_jax.selfplay.state import LoopState, PendingDesign, PoolEnv, design_env_id
+from spade_jax.selfplay.state import LoopState, OldCheckpointError, PendingDesign, PoolEnv, design_env_id
 
 
 def _env(env_id, plain, hinted, skill="logical deduction"):
@@ -28,14 +28,14 @@ def _pending(env_id, skill="logical deduction", stage="novelty"):
     return PendingDesign(0, 0, 0, skill, "easy", None, env_id, stage, "", [1, 2], [3, 4], [-0.5, -0.25])
 
 
-def test_env_statistics_match_plays_by_seed_over_the_whole_pool_stay():
+def test_env_statistics_compare_the_regeneration_steps_means_over_the_pool_stay():
     envs = [
-        _env("a", plain=[(1, 1.0), (2, 0.0)], hinted=[(1, 1.0), (3, 1.0)]),  # only seed 1 is matched
+        _env("a", plain=[(1, 1.0), (2, 0.0)], hinted=[(7, 1.0), (8, 1.0)]),  # hinted seeds of their own
         _env("b", plain=[(5, 0.0), (6, 0.0)], hinted=[(5, 1.0), (6, 0.0)]),
         _env("c", plain=[], hinted=[]),
     ]
     a, b, c = scoring.env_statistics(envs)
-    assert (a.win_rate, a.mean_plain, a.mean_hinted, a.regret) == (0.5, 0.5, 1.0, 0.0)
+    assert (a.win_rate, a.mean_plain, a.mean_hinted, a.regret) == (0.5, 0.5, 1.0, 0.5)
     assert (b.win_rate, b.mean_hinted, b.regret) == (0.0, 0.5, 0.5)
     assert c is None
 
@@ -79,13 +79,13 @@ def test_a_frozen_role_packs_nothing_and_leaves_the_designer_scale_at_one():
 def test_designer_scores_penalise_unplayed_designs_and_centre_per_skill():
     (stats,) = scoring.env_statistics([_env("a", [(5, 0.0), (6, 0.0)], [(5, 1.0), (6, 0.0)])])
     due = [_pending("a"), _pending(None, stage="feasibility"), _pending("gone", skill="optimization")]
-    penalty = DesignerRewardConfig(rejected="penalty", scaling="none", lone_skill_to_batch_mean=True)
+    penalty = DesignerRewardConfig(rejected="penalty", scaling="none")
     scores = scoring.designer_scores(due, {"a": stats}, penalty, weight=0.5)
     # blend: 0.4 * clip(0.5 / 0.15, 0, 1) + 0.6 * plateau(win rate 0) = 0.4; no environment: -1
     np.testing.assert_allclose(scores.rewards, [0.4, -1.0, -1.0])
     assert scores.by_env_id == {"a": pytest.approx(0.4), "gone": -1.0}
-    # centred within each skill: (0.4, -1) -> (0.7, -0.7); a skill of one on the batch mean -1.6 / 3
-    np.testing.assert_allclose([s.advantage for s in scores.sequences], [0.7, -0.7, -1.0 + 1.6 / 3], atol=1e-12)
+    # centred within each skill: (0.4, -1) -> (0.7, -0.7); a skill of one: 0
+    np.testing.assert_allclose([s.advantage for s in scores.sequences], [0.7, -0.7, 0.0], atol=1e-12)
     tokens, mask = scores.sequences[0].tokens, scores.sequences[0].loss_mask
     assert tokens.tolist() == [1, 2, 3, 4] and mask.tolist() == [False, False, True, True]
     assert all(s.weight == 0.5 and s.role == "designer" for s in scores.sequences)
@@ -153,12 +153,13 @@ def test_loop_state_round_trip_and_old_checkpoints():
     restored = LoopState.from_json(json.loads(json.dumps(state.to_json())))
     assert restored == state
     old = state.to_json()
+    old["pool"][0]["plain"] = [[1, 0.5]]  # a play written before plays kept their iteration
+    with pytest.raises(OldCheckpointError, match="resume it with spade_jax at that commit"):
+        LoopState.from_json(old)
+    old = state.to_json()
     del old["skill_averages"]
-    old["pool"][0]["plain"] = [[1, 0.5]]
-    old["pool"][0]["hinted"] = [[1, 1.0]]
-    restored = LoopState.from_json(old)
-    assert restored.pool[0].plain == [(1, 0.5, None)] and restored.pool[0].hinted == [(1, 1.0, None)]
-    assert restored.skill_averages == {}
+    with pytest.raises(OldCheckpointError):
+        LoopState.from_json(old)
 
 
 def test_design_env_id():

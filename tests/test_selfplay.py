@@ -88,12 +88,7 @@ def _stats(pool, tokenizer, program, k=16):
     )
     plain = [t for t in trajectories if not t.hinted]
     hinted = [t for t in trajectories if t.hinted]
-    return rewards.env_stats(
-        [t.reward for t in plain],
-        [t.reward for t in hinted],
-        plain_seeds=[t.request.seed for t in plain],
-        hinted_seeds=[t.request.seed for t in hinted],
-    ), trajectories
+    return rewards.env_stats([t.reward for t in plain], [t.reward for t in hinted]), trajectories
 
 
 def test_hint_that_carries_the_strategy_gives_positive_regret(pool, small_tokenizer):

@@ -4,7 +4,7 @@ Designer: its rewards centred per skill (`designer_advantages`): each program's 
 minus the mean reward of the designer samples of the same skill in this batch, not
 divided by the std (the reference's "centred, not normalised"), then multiplied by the
 designer's reward scale (`rewards.designer_reward_scale`); a sample alone in its skill gets
-0, as in the reference (an option centres it on the batch mean instead).
+0, as in the reference.
 
 Agent: per-environment z-score of the plain episodes' rewards (`agent_advantages`).
 Hinted episodes are not trained on by default; with ``train_hinted`` they get
@@ -39,23 +39,15 @@ def center_by_group(values, groups: Sequence[Hashable]) -> np.ndarray:
     return v - means[ids]
 
 
-def designer_advantages(rewards, skills: Sequence[str], scale: float = 1.0, *,
-                        lone_to_batch_mean: bool = False) -> np.ndarray:
+def designer_advantages(rewards, skills: Sequence[str], scale: float = 1.0) -> np.ndarray:
     """Designer rewards centred per skill (subtract the skill group's mean, no std division),
     times ``scale`` (the reference applies its env reward scale after the centring).
 
     Every designer sample of the batch counts in its skill's mean. A sample that is the only
-    one of its skill gets 0, as in the reference (delayed_env_rewards.py, per-skill centring);
-    ``lone_to_batch_mean`` centres it on the mean of the whole batch instead, so it still gets
-    a gradient (8 slots over 6 skills leave some alone; a batch of one sample gets 0).
+    one of its skill gets 0, as in the reference (delayed_env_rewards.py, per-skill centring):
+    the slots of a regeneration are spread over its skills so that each holds several.
     """
-    v = np.asarray(rewards, dtype=np.float64)
-    advantages = center_by_group(v, skills)
-    if lone_to_batch_mean:
-        ids, _ = _group_index(skills)
-        alone = np.bincount(ids)[ids] == 1
-        advantages[alone] = v[alone] - v.mean()
-    return advantages * scale
+    return center_by_group(np.asarray(rewards, dtype=np.float64), skills) * scale
 
 
 def zscore(values, eps: float = 1e-6) -> np.ndarray:

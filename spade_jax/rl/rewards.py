@@ -20,11 +20,7 @@ import numpy as np
 
 from spade_jax.envs.contract import SUCCESS_REWARD, is_success
 
-DESIGNER_REWARD_KINDS = ("blend", "regret", "learnability", "sfl", "mean_abs_advantage", "learning_potential",
-                         "micro_lp")
 REWARD_SCALINGS = ("none", "auto", "fixed")
-WIN_RATE_RULES = ("mean_reward", "success_share")
-REGRET_PLAYS = ("regeneration", "pooled")
 REJECTED_RULES = ("drop", "penalty")
 STEP_TIMEOUT_PENALTY = -0.5  # the reference's designer reward for a program whose step timed out
 
@@ -69,14 +65,12 @@ def micro_lp(rewards, iterations) -> float:
     The iterations the environment was played in are split in time into an early and a late
     half (``mid = n // 2``, so an odd count puts the middle iteration in the late half); the
     result is ``max(0, mean late reward - mean early reward)``, over the episodes of each half
-    pooled. Fewer than two distinct iterations give 0; episodes whose iteration is None
-    (recorded before iterations were kept) are left out.
+    pooled. Fewer than two distinct iterations give 0.
     """
     r = np.atleast_1d(np.asarray(rewards, dtype=np.float64))
     if len(iterations) != r.size:
         raise ValueError(f"need one iteration per reward: {r.size} rewards, {len(iterations)} iterations")
-    known = np.array([i is not None for i in iterations], dtype=bool)
-    r, its = r[known], np.array([i for i in iterations if i is not None], dtype=np.int64)
+    its = np.asarray(iterations, dtype=np.int64)
     offsets = np.unique(its)
     if offsets.size < 2:
         return 0.0
@@ -84,32 +78,24 @@ def micro_lp(rewards, iterations) -> float:
     return max(0.0, float(r[late].mean()) - float(r[~late].mean()))
 
 
-def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
-              hinted_seeds=None, plain_iterations=None, hinted_iterations=None,
+def env_stats(plain_rewards, hinted_rewards=(), *, plain_iterations=None, hinted_iterations=None,
               regret_iteration: int | None = None, timed_out: bool = False) -> EnvStats:
     """Statistics of one environment from its plain and hinted episode rewards.
 
-    Regret is ``max(0, mean R_hint - mean R_plain)`` over matched plays: when seeds are
-    given, only episodes whose seed occurs in both sets count towards the regret (so an
-    episode lost on one side does not bias it); without seeds both sets are taken as
-    matched as they are. With ``regret_iteration`` (the reference under a reward delay:
-    the regeneration step) only the plays of that iteration are matched, and the hinted
-    mean of that iteration also gives ``window_regret`` against every plain play; without
-    it every play is pooled and ``window_regret`` equals the regret. ``mean_abs_advantage``
-    is ``mean |R - mean R|`` over the plain episodes (see `designer_reward`).
-    ``plain_iterations`` / ``hinted_iterations``: the iteration each episode was played in
-    (None for unknown), for ``micro_lp`` and ``regret_iteration``.
+    Regret is ``max(0, mean R_hint - mean R_plain)``, the two means compared as the reference
+    compares them (its hinted plays have seeds of their own). With ``regret_iteration`` (the
+    regeneration step, whose plays alone are hinted) only the plays of that iteration are
+    compared, and the hinted mean of that iteration also gives ``window_regret`` against every
+    plain play (the reference's `regret` kind under a delay); without it every play counts
+    and ``window_regret`` equals the regret. ``mean_abs_advantage`` is ``mean |R - mean R|``
+    over the plain episodes (see `designer_reward`). ``plain_iterations`` /
+    ``hinted_iterations``: the iteration each episode was played in, for ``micro_lp`` and
+    ``regret_iteration``.
     """
     plain = np.atleast_1d(np.asarray(plain_rewards, dtype=np.float64))
     hinted = np.atleast_1d(np.asarray(hinted_rewards, dtype=np.float64))
     if plain.size == 0:
         raise ValueError("env_stats needs at least one plain episode reward")
-    if (plain_seeds is None) != (hinted_seeds is None):
-        raise ValueError("give both plain_seeds and hinted_seeds, or neither")
-    ps = None if plain_seeds is None else np.asarray(plain_seeds)
-    hs = None if hinted_seeds is None else np.asarray(hinted_seeds)
-    if ps is not None and (ps.shape != plain.shape or hs.shape != hinted.shape):
-        raise ValueError("seeds must have one entry per episode reward")
     p_keep, h_keep = np.ones(plain.size, bool), np.ones(hinted.size, bool)
     if regret_iteration is not None:
         if plain_iterations is None or hinted_iterations is None:
@@ -118,13 +104,8 @@ def env_stats(plain_rewards, hinted_rewards=(), *, plain_seeds=None,
         h_keep = np.array([i == regret_iteration for i in hinted_iterations], bool).reshape(hinted.shape)
     mean_plain = float(plain.mean())
     gap = float("nan")
-    if h_keep.any():
-        p_match, h_match = plain[p_keep], hinted[h_keep]
-        if ps is not None:
-            p_match = plain[p_keep & np.isin(ps, hs[h_keep])]
-            h_match = hinted[h_keep & np.isin(hs, ps[p_keep])]
-        if p_match.size and h_match.size:
-            gap = float(h_match.mean()) - float(p_match.mean())
+    if h_keep.any() and p_keep.any():
+        gap = float(hinted[h_keep].mean()) - float(plain[p_keep].mean())
     regret = max(0.0, gap) if np.isfinite(gap) else 0.0
     window_regret = regret
     if regret_iteration is not None and h_keep.any():
@@ -153,38 +134,19 @@ class DesignerRewardConfig:
     The defaults are the reference's rules (spade-rl/spade, `delayed_env_rewards.py`,
     `env_rewards.py`); each deliberate difference is an option with the reference's value first.
 
-    kind: one of DESIGNER_REWARD_KINDS (see `designer_reward`). blend = regret_weight *
-    clip(regret / regret_scale, 0, 1) + plateau_weight * plateau(win rate).
+    kind: one of `REWARD_KINDS` (see `designer_reward`). blend = regret_weight *
+    clip(regret / regret_scale, 0, 1) + plateau_weight * plateau(win rate), the win rate
+    being the mean plain reward; without a reward delay it is scored as floored regret (the
+    reference's undelayed path has no blend).
 
-    win_rate: what the plateau (and learnability, sfl) read as the win rate: "mean_reward",
-    the mean plain reward (the reference), or "success_share", the share of plays with
-    reward >= 1 (equal for 0/1 rewards; spade_jax's earlier rule).
-
-    regret_plays: which plays give the regret. "regeneration" (the reference): hinted plays
-    are played only in an environment's first iteration in the pool, and the regret matches
-    them with that iteration's plain plays; kind "regret" subtracts the mean of every plain
-    play of the window instead. "pooled": hinted plays every iteration, all plays of the
-    window pooled and matched (spade_jax's earlier rule; K more episodes per environment and
-    iteration).
-
-    matched_seeds: the reference plays its hinted episodes on seeds of their own and compares
-    means (False); True plays them on the plain plays' seeds and takes the regret over the
-    matched pairs (same expectation, less variance: spade_jax's earlier rule).
-
-    timeout_penalty: the raw reward of a program one of whose plays was dropped because a
-    step timed out, for kind "regret", and for "blend" scored without a delay (the reference
-    scores both through its undelayed regret path; its delayed blend has no override).
-    blend_without_delay: with ``designer.reward_delay`` 0 the reference scores kind "blend" as
-    floored regret (its undelayed path has no blend); True applies the blend formula there.
+    timeout_penalty: the raw reward of a program one of whose plays timed out, for kind
+    "regret", and for "blend" scored without a delay (the reference scores both through its
+    undelayed regret path; its delayed blend has no override).
 
     rejected: what a program that was not admitted trains on. "drop" (the reference: a
     broken program never enters the designer's update), or "penalty": its raw reward is
     ``failure_penalty``, or ``duplicate_penalty`` for one rejected only as a near-duplicate
     (it passed every other stage, so it is graded apart from a broken program).
-
-    lone_skill_to_batch_mean: a designer sample alone in its skill has advantage 0 in the
-    reference (centred on itself); True centres it on the batch mean instead
-    (`advantages.designer_advantages`), spade_jax's earlier rule.
 
     solver_variance: kind "learning_potential" adds the reference's solver-variance reward
     ``exp(-(var R - 0.25)^2 / 0.02)`` of the plain rewards (over more than one play when
@@ -211,16 +173,11 @@ class DesignerRewardConfig:
     plateau_low: float = 0.4
     plateau_high: float = 0.6
     plateau_ramp: float = 0.25
-    win_rate: str = "mean_reward"
-    regret_plays: str = "regeneration"
-    matched_seeds: bool = False
     timeout_penalty: float = STEP_TIMEOUT_PENALTY
-    blend_without_delay: bool = False
     rejected: str = "drop"
     failure_penalty: float = -1.0
     duplicate_penalty: float = -0.25
     solver_variance: bool = False
-    lone_skill_to_batch_mean: bool = False
     lp_gamma_fast: float = 0.98
     lp_gamma_slow: float = 0.85
     scaling: str = "auto"
@@ -228,9 +185,8 @@ class DesignerRewardConfig:
     max_scale: float = 50.0
 
     def __post_init__(self):
-        if self.kind not in DESIGNER_REWARD_KINDS:
-            raise ValueError(f"designer reward kind {self.kind!r} is unknown; "
-                             f"choose one of {DESIGNER_REWARD_KINDS}")
+        if self.kind not in REWARD_KINDS:
+            raise ValueError(f"designer reward kind {self.kind!r} is unknown; choose one of {tuple(REWARD_KINDS)}")
         if self.regret_scale <= 0 or self.plateau_ramp <= 0:
             raise ValueError("regret_scale and plateau_ramp must be > 0")
         if not self.plateau_low <= self.plateau_high:
@@ -242,10 +198,8 @@ class DesignerRewardConfig:
             raise ValueError(f"designer reward scaling {self.scaling!r} is unknown; choose one of {REWARD_SCALINGS}")
         if self.scale <= 0 or self.max_scale <= 0:
             raise ValueError("scale and max_scale must be > 0")
-        for name, allowed in (("win_rate", WIN_RATE_RULES), ("regret_plays", REGRET_PLAYS),
-                              ("rejected", REJECTED_RULES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"designer reward {name} {getattr(self, name)!r} is unknown; choose one of {allowed}")
+        if self.rejected not in REJECTED_RULES:
+            raise ValueError(f"designer reward rejected {self.rejected!r} is unknown; choose one of {REJECTED_RULES}")
 
 
 def plateau(win_rate, low: float = 0.4, high: float = 0.6, ramp: float = 0.25):
@@ -322,9 +276,35 @@ def solver_variance_reward(variance: float) -> float:
     return float(np.exp(-((variance - 0.25) ** 2) / (2 * 0.01)))
 
 
-def win_rate(stats: EnvStats, cfg: DesignerRewardConfig) -> float:
-    """The win rate the designer reward reads (``cfg.win_rate``)."""
-    return float(stats.mean_plain if cfg.win_rate == "mean_reward" else stats.win_rate)
+def _blend(stats: EnvStats, cfg: DesignerRewardConfig, baseline: float | None, delayed: bool) -> float:
+    r = np.clip(stats.regret / cfg.regret_scale, 0.0, 1.0)
+    pl = plateau(stats.mean_plain, cfg.plateau_low, cfg.plateau_high, cfg.plateau_ramp)
+    return float(cfg.regret_weight * r + cfg.plateau_weight * pl)
+
+
+def _regret(stats: EnvStats, cfg: DesignerRewardConfig, baseline: float | None, delayed: bool) -> float:
+    return float(stats.window_regret if delayed else stats.regret)
+
+
+def _learning_potential(stats: EnvStats, cfg: DesignerRewardConfig, baseline: float | None, delayed: bool) -> float:
+    if baseline is None:
+        raise ValueError("designer reward kind 'learning_potential' needs the skill's baseline")
+    reward = abs(float(stats.mean_plain) - float(baseline))
+    if cfg.solver_variance and (stats.n_plain > 1 or not delayed):
+        reward += solver_variance_reward(stats.plain_var)
+    return reward
+
+
+# Each kind's raw reward of a played program: f(stats, cfg, baseline, delayed) (see `designer_reward`).
+REWARD_KINDS = {
+    "blend": _blend,
+    "regret": _regret,
+    "learnability": lambda s, cfg, baseline, delayed: float(1.0 - s.mean_plain) if s.mean_plain > 0 else 0.0,
+    "sfl": lambda s, cfg, baseline, delayed: float(s.mean_plain * (1.0 - s.mean_plain)),
+    "mean_abs_advantage": lambda s, cfg, baseline, delayed: float(s.mean_abs_advantage),
+    "learning_potential": _learning_potential,
+    "micro_lp": lambda s, cfg, baseline, delayed: float(s.micro_lp),
+}
 
 
 def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = DesignerRewardConfig(),
@@ -340,9 +320,9 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
     failure penalty ("novelty": the duplicate penalty).
     ``delayed``: scored under ``designer.reward_delay`` > 0 (the reference's delayed path).
 
-    Variants (p = `win_rate`):
-      blend: see DesignerRewardConfig; without a delay, floored regret unless
-        ``blend_without_delay``.
+    Kinds (`REWARD_KINDS`; p = the mean plain reward, the reference's win rate):
+      blend: see DesignerRewardConfig; without a delay, floored regret (the reference's
+        undelayed path).
       regret: the regret itself (``window_regret`` under a delay, see `env_stats`).
       learnability (Absolute Zero, Zhao et al. 2025): 1 - p if p > 0 else 0.
       sfl (Sampling For Learnability, Rutherford et al. 2024): p (1 - p).
@@ -355,9 +335,8 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
         0/1 rewards it equals 2 p (1 - p). It is not divided by the reward std: the mean
         |z-score| is nearly constant and would carry no signal.
       learning_potential (the reference's): |mean plain R - baseline|, the baseline being
-        the slow moving average of the skill's mean reward after this scoring's update
-        (`update_learning_potentials`); it must be given. Plus the solver-variance reward
-        with ``cfg.solver_variance``.
+        the skill's slow moving average (`update_learning_potentials`); it must be given.
+        Plus the solver-variance reward with ``cfg.solver_variance``.
       micro_lp (the reference's): the environment's `micro_lp`, its improvement over the
         iterations it was played in.
       A program whose step timed out gets ``cfg.timeout_penalty`` under "regret", and under
@@ -369,32 +348,10 @@ def designer_reward(stats: EnvStats | None, cfg: DesignerRewardConfig = Designer
                 raise ValueError("under designer.reward.rejected='drop' a rejected program has no reward")
             return 0.0
         return float(cfg.duplicate_penalty if rejected_at == "novelty" else cfg.failure_penalty)
-    kind = cfg.kind
-    if kind == "blend" and not delayed and not cfg.blend_without_delay:
-        kind = "regret"
+    kind = "regret" if cfg.kind == "blend" and not delayed else cfg.kind
     if stats.timed_out and kind == "regret":
         return float(cfg.timeout_penalty)
-    p = win_rate(stats, cfg)
-    if kind == "blend":
-        r = np.clip(stats.regret / cfg.regret_scale, 0.0, 1.0)
-        pl = plateau(p, cfg.plateau_low, cfg.plateau_high, cfg.plateau_ramp)
-        return float(cfg.regret_weight * r + cfg.plateau_weight * pl)
-    if kind == "regret":
-        return float(stats.window_regret if delayed else stats.regret)
-    if kind == "learnability":
-        return float(1.0 - p) if p > 0 else 0.0
-    if kind == "sfl":
-        return float(p * (1.0 - p))
-    if kind == "mean_abs_advantage":
-        return float(stats.mean_abs_advantage)
-    if kind == "micro_lp":
-        return float(stats.micro_lp)
-    if baseline is None:
-        raise ValueError("designer reward kind 'learning_potential' needs the skill's baseline")
-    reward = abs(float(stats.mean_plain) - float(baseline))
-    if cfg.solver_variance and (stats.n_plain > 1 or not delayed):
-        reward += solver_variance_reward(stats.plain_var)
-    return reward
+    return REWARD_KINDS[kind](stats, cfg, baseline, delayed)
 
 
 def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig = DesignerRewardConfig(),
@@ -410,8 +367,8 @@ def designer_rewards(stats: Sequence[EnvStats | None], cfg: DesignerRewardConfig
 
 
 __all__ = [
-    "DESIGNER_REWARD_KINDS", "REGRET_PLAYS", "REJECTED_RULES", "REWARD_SCALINGS", "STEP_TIMEOUT_PENALTY",
-    "SUCCESS_REWARD", "WIN_RATE_RULES", "DesignerRewardConfig", "EnvStats", "SkillRewardAverages", "designer_reward",
-    "designer_reward_scale", "designer_rewards", "env_stats", "learning_potential_baselines", "micro_lp", "plateau",
-    "solver_variance_reward", "update_learning_potentials", "win_rate", "wins",
+    "REJECTED_RULES", "REWARD_KINDS", "REWARD_SCALINGS", "STEP_TIMEOUT_PENALTY", "SUCCESS_REWARD",
+    "DesignerRewardConfig", "EnvStats", "SkillRewardAverages", "designer_reward", "designer_reward_scale",
+    "designer_rewards", "env_stats", "learning_potential_baselines", "micro_lp", "plateau", "solver_variance_reward",
+    "update_learning_potentials", "wins",
 ]

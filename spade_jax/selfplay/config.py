@@ -49,6 +49,16 @@ RENAMED = {
     "eval.episodes_per_env": "eval.plays_per_program",
     "eval.max_turns": "eval.default_turns",
 }
+# Switches for spade_jax's earlier rules, retired: field -> (the value that meant today's rule, the
+# last commit that had the switch). A run saved with another value is refused on resume (`main`);
+# docs/DESIGN.md lists them.
+RETIRED = {
+    "designer.reward.win_rate": ("mean_reward", "3346cb7"),
+    "designer.reward.regret_plays": ("regeneration", "3346cb7"),
+    "designer.reward.matched_seeds": (False, "3346cb7"),
+    "designer.reward.blend_without_delay": (False, "3346cb7"),
+    "designer.reward.lone_skill_to_batch_mean": (False, "3346cb7"),
+}
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -395,9 +405,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("agent.episodes_per_env", f"must be >= 1, got {c.agent.episodes_per_env}")
     if c.agent.hinted_episodes_per_env < 1:
         _fail("agent.hinted_episodes_per_env", f"must be >= 1, got {c.agent.hinted_episodes_per_env}")
-    if c.designer.reward.matched_seeds and c.agent.hinted_episodes_per_env != c.agent.episodes_per_env:
-        _fail("agent.hinted_episodes_per_env", "designer.reward.matched_seeds plays the hinted episodes on the plain "
-              f"plays' seeds: it must equal agent.episodes_per_env ({c.agent.episodes_per_env})")
     if c.agent.player not in PLAYERS:
         _fail("agent.player", f"must be one of {PLAYERS}, got {c.agent.player!r}")
     if c.designer.max_attempts < 1:

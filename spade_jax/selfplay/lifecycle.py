@@ -22,6 +22,7 @@ from spade_jax.selfplay.chrono import itstime
 from spade_jax.selfplay.console import summary_line
 from spade_jax.selfplay.gallery import write_gallery
 from spade_jax.selfplay.runlog import EnvLog, MetricsWriter
+from spade_jax.selfplay.state import OldCheckpointError
 
 
 class Preempted(Exception):
@@ -115,7 +116,10 @@ class Lifecycle:
             return False
         train, meta = self.checkpointer.restore(step, self.run.trainer.state_dict())
         self.run.trainer.load_state_dict(train)
-        self.load_meta(meta)
+        try:
+            self.load_meta(meta)
+        except OldCheckpointError as err:
+            raise SystemExit(f"error: {self.workdir} checkpoint {step}: {err}") from None
         self._saved_step = step
         if self.main:
             print(f"resumed from checkpoint {step} in {self.workdir}", flush=True)

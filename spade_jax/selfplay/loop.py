@@ -230,19 +230,19 @@ class SelfPlay:
             env.hint = hint
 
     def _play(self, envs: Sequence[PoolEnv], it: int, chrono: Chrono):
-        """`agent.episodes_per_env` plain episodes of every environment and, where it gets hinted plays
-        (`_plays_hinted`), `agent.hinted_episodes_per_env` hinted ones on seeds of their own (the
-        plain ones' under ``designer.reward.matched_seeds``); the rollout engine's compilation and
-        device use go to `time/episodes_*`."""
+        """`agent.episodes_per_env` plain episodes of every environment and, for a new design in its
+        first iteration (the reference's regeneration step), `agent.hinted_episodes_per_env` hinted
+        ones on seeds of their own; the rollout engine's compilation and device use go to
+        `time/episodes_*`."""
         k, k_hinted = self.config.agent.episodes_per_env, self.config.agent.hinted_episodes_per_env
         requests = []
         for e_index, env in enumerate(envs):
             seeds = [derive_seed(self.config.seed, it, e_index, j) % EPISODE_SEED_SPACE for j in range(k)]
-            hinted_seeds = None if self.reward_cfg.matched_seeds else [
-                derive_seed(self.config.seed, it, e_index, "hinted", j) % EPISODE_SEED_SPACE for j in range(k_hinted)]
+            hinted_seeds = [derive_seed(self.config.seed, it, e_index, "hinted", j) % EPISODE_SEED_SPACE
+                            for j in range(k_hinted)]
             env_kwargs = {"difficulty": env.difficulty} if env.difficulty is not None else {}
             guidance = self.components.guidance(env)
-            mode = self.hint_cfg.mode if self._plays_hinted(env, it) else "none"
+            mode = self.hint_cfg.mode if not env.is_replay and env.design_iteration == it else "none"
             requests += [
                 dataclasses.replace(r, env_kwargs=env_kwargs, guidance=guidance)
                 for r in matched_requests(e_index, env.code, seeds, mode, env.hint, self.hint_cfg.placebo_of,
@@ -261,14 +261,6 @@ class SelfPlay:
         chrono.record("episodes_device_busy", stats.device_busy_fraction)
         chrono.record("episodes_programs_compiled", sum(stats.engine.compiled.values()))
         return episodes
-
-    def _plays_hinted(self, env: PoolEnv, it: int) -> bool:
-        """Whether ``env`` gets hinted plays at ``it``: under ``reward.regret_plays`` "regeneration"
-        (the reference, which writes hints only when it regenerates) a new design in the
-        iteration it was made and nothing else; under "pooled" every environment every iteration."""
-        if self.reward_cfg.regret_plays == "pooled":
-            return True
-        return not env.is_replay and env.design_iteration == it
 
     def _hold_pool(self) -> None:
         """The pool ends: its environments whose designs still wait for their reward are held
@@ -328,7 +320,7 @@ class SelfPlay:
             (env.hinted if t.hinted else env.plain).append((t.request.seed, t.reward, it))
         metrics["agent/dropped_plays"] = len(trajectories) - len(kept)
         trajectories = kept
-        stats = scoring.env_statistics(envs, self.reward_cfg.regret_plays, self.reward_cfg.matched_seeds)
+        stats = scoring.env_statistics(envs)
         metrics.update(scoring.agent_metrics(trajectories, stats, envs))
         agent_sequences = scoring.agent_sequences(
             trajectories, stats, train_hinted=cfg.agent.train_hinted, regret_weighting=cfg.agent.regret_weighting,
@@ -336,8 +328,7 @@ class SelfPlay:
         )
         due = [p for p in self.state.pending if last or p.due_iteration <= it]
         self.state.pending = [p for p in self.state.pending if not (last or p.due_iteration <= it)]
-        held_stats = scoring.env_statistics(self.state.held, self.reward_cfg.regret_plays,
-                                            self.reward_cfg.matched_seeds)
+        held_stats = scoring.env_statistics(self.state.held)
         designed = [(e, s) for e, s in zip(list(envs) + self.state.held, list(stats) + held_stats)
                     if not e.is_replay]
         designer = scoring.designer_scores(

@@ -28,16 +28,13 @@ from spade_jax.rl.batch import TrainSequence
 from spade_jax.selfplay.state import PendingDesign, PoolEnv
 
 
-def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration",
-                   matched_seeds: bool = True) -> list[rew_lib.EnvStats | None]:
+def env_statistics(envs: Sequence[PoolEnv]) -> list[rew_lib.EnvStats | None]:
     """Statistics of each environment over its recorded plays; None for one not played.
 
-    With ``matched_seeds`` plain and hinted plays are matched by seed (`rewards.env_stats`),
-    without it their means are compared (the reference, whose hinted plays have seeds of
-    their own); under ``regret_plays``
-    "regeneration" (the reference) only the plays of the first iteration that has hinted
-    plays are matched, under "pooled" all of them. The plain plays' iterations give the
-    micro learning potential.
+    The regret compares the means of the plain and hinted plays of the first iteration that
+    has hinted plays (the regeneration step, as the reference plays them: hinted plays on seeds
+    of their own, `rewards.env_stats`). The plain plays' iterations give the micro learning
+    potential.
     """
     stats = []
     for env in envs:
@@ -45,16 +42,12 @@ def env_statistics(envs: Sequence[PoolEnv], regret_plays: str = "regeneration",
             stats.append(None)
             continue
         hinted_its = [iteration for _, _, iteration in env.hinted]
-        known = [i for i in hinted_its if i is not None]
-        regret_iteration = min(known) if regret_plays == "regeneration" and known else None
         stats.append(rew_lib.env_stats(
             [reward for _, reward, _ in env.plain],
             [reward for _, reward, _ in env.hinted],
-            plain_seeds=[seed for seed, _, _ in env.plain] if matched_seeds else None,
-            hinted_seeds=[seed for seed, _, _ in env.hinted] if matched_seeds else None,
             plain_iterations=[iteration for _, _, iteration in env.plain],
             hinted_iterations=hinted_its,
-            regret_iteration=regret_iteration,
+            regret_iteration=min(hinted_its) if hinted_its else None,
             timed_out=env.step_timeouts > 0,
         ))
     return stats
@@ -171,7 +164,7 @@ def designer_scores(due: Sequence[PendingDesign], stats_by_env_id: dict[str, rew
     rewards = rew_lib.designer_rewards(stats, cfg, [None if p.env_id else p.stage for p in due], baselines=baselines,
                                        delayed=delayed)
     scale = rew_lib.designer_reward_scale(cfg, len(due), n_agent_sequences, regeneration_period)
-    advantages = adv_lib.designer_advantages(rewards, skills, scale, lone_to_batch_mean=cfg.lone_skill_to_batch_mean)
+    advantages = adv_lib.designer_advantages(rewards, skills, scale)
     sequences = []
     for p, a in zip(due, advantages):
         tokens, mask, logprobs = p.sequence_arrays()

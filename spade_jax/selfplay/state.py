@@ -19,10 +19,9 @@ class PoolEnv:
     """An environment the agent plays this period: a new design or a replay from memory.
 
     `plain` / `hinted` hold `(seed, reward, iteration)` of every episode played since it
-    entered the pool; the designer's reward is computed from them when it falls due. An
-    episode restored from a checkpoint written before iterations were kept has iteration
-    None (it still counts everywhere except in `rewards.micro_lp`). `step_timeouts` counts
-    the plays dropped because a step timed out (they are in neither list).
+    entered the pool; the designer's reward is computed from them when it falls due.
+    `step_timeouts` counts the plays that timed out (a plain one is in neither list, a hinted
+    one is kept with reward 0).
     """
 
     env_id: str
@@ -94,26 +93,32 @@ class LoopState:
 
     @classmethod
     def from_json(cls, data: dict) -> "LoopState":
-        """Also reads checkpoints written before plays kept their iteration, skills kept averages or
-        earlier pools were held."""
+        """The state `to_json` wrote; a checkpoint of an older layout (plays without their
+        iteration, no held pools or skill averages) is refused with `OldCheckpointError`."""
+        plays = [p for key in ("pool", "held") for e in data.get(key, []) for p in e["plain"] + e["hinted"]]
+        if "held" not in data or "skill_averages" not in data or any(len(p) != 3 for p in plays):
+            raise OldCheckpointError(
+                "this checkpoint was written by spade_jax before plays kept their iteration and pools were held "
+                f"(last read by commit {OLD_LAYOUT_COMMIT}); resume it with spade_jax at that commit")
         return cls(
             iteration=int(data["iteration"]),
             pool=[_pool_env(e) for e in data["pool"]],
-            held=[_pool_env(e) for e in data.get("held", [])],
+            held=[_pool_env(e) for e in data["held"]],
             pending=[PendingDesign(**p) for p in data["pending"]],
             history=list(data["history"]),
-            skill_averages={k: SkillRewardAverages(**v) for k, v in data.get("skill_averages", {}).items()},
+            skill_averages={k: SkillRewardAverages(**v) for k, v in data["skill_averages"].items()},
         )
+
+
+class OldCheckpointError(ValueError):
+    """A checkpoint in a layout this code no longer reads."""
+
+
+OLD_LAYOUT_COMMIT = "3346cb7"  # the last commit that read the layouts `LoopState.from_json` refuses
 
 
 def _pool_env(record: dict) -> PoolEnv:
     e = dict(record)
-    e["plain"] = [_play(x) for x in e["plain"]]
-    e["hinted"] = [_play(x) for x in e["hinted"]]
+    e["plain"] = [tuple(x) for x in e["plain"]]
+    e["hinted"] = [tuple(x) for x in e["hinted"]]
     return PoolEnv(**e)
-
-
-def _play(record) -> tuple:
-    """`(seed, reward, iteration)` from a checkpointed play; an old `(seed, reward)` gets iteration None."""
-    seed, reward, *rest = record
-    return (seed, reward, rest[0] if rest else None)
