@@ -114,7 +114,7 @@ class OldCheckpointError(ValueError):
     """A checkpoint in a layout this code no longer reads."""
 
 
-OLD_LAYOUT_COMMIT = "3346cb7"  # the last commit that read the layouts `LoopState.from_json` refuses
+OLD_LAYOUT_COMMIT = "36594a1"  # the last commit that read the layouts `LoopState.from_json` refuses
 
 
 def _pool_env(record: dict) -> PoolEnv:
