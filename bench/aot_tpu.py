@@ -262,7 +262,7 @@ def sampling_copy(tree, dtype: str | None):
 
 
 def placed_like_inputs(host: dict, mesh, rules) -> dict:
-    """Abstract arrays with the shardings `sampler.place_inputs` gives those host arrays."""
+    """Abstract arrays with the shardings `engine.place_inputs` gives those host arrays."""
     out = {}
     for name, value in host.items():
         axes = ("batch",) + (None,) * (value.ndim - 1) if name.endswith(("_B", "_BT")) else (None,) * value.ndim

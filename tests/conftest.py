@@ -171,7 +171,7 @@ def random_selfplay(small_tokenizer):
 
 @pytest.fixture
 def canned_sampler():
-    """``canned_sampler(ids, calls=None)``: a stand-in for `spade_jax.sampling.generate` that
+    """``canned_sampler(ids, calls=None)``: a stand-in for `spade_jax.sampling.generate_on_rows` that
     answers every prompt with the token ids ``ids`` (for `play_episodes(sample=...)` or patched
     over `generate`); each call's prompts are appended to ``calls`` when one is given."""
     import numpy as np

@@ -44,7 +44,8 @@ def transcripts(programs):
 def slots():
     prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1, exemplar_cut_marked=True)
     memory = data.seeded_memory()
-    memory.positive_fallback = True  # the seeds are unmeasured: only the fallback shows them
+    for record in memory.records():  # measured in the win-rate band, so the prompts show them
+        memory.update(record.env_id, iteration=0, win_rate=0.5, mean_plain=0.5, mean_hinted=0.5, regret=0.0)
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
     return data.designer_slots(12, memory, [corpus.document(i) for i in range(len(corpus))], prompt,
                                bootstrap.BootstrapConfig().envs, np.random.default_rng(0))
@@ -146,7 +147,8 @@ def test_designer_answers_are_not_variants_of_an_exemplar_the_prompt_shows():
     corpus = Corpus.from_config(CorpusConfig(max_words=prompt.doc_max_words))
     envs = [env.name for env in library.SEED_ENVS]
     memory = data.seeded_memory()
-    memory.positive_fallback = True  # the seeds are unmeasured: only the fallback shows them
+    for record in memory.records():  # measured in the win-rate band, so the prompts show them
+        memory.update(record.env_id, iteration=0, win_rate=0.5, mean_plain=0.5, mean_hinted=0.5, regret=0.0)
     slots = data.designer_slots(60, memory, [corpus.document(i) for i in range(len(corpus))],
                                 prompt, envs, np.random.default_rng(0))
 

@@ -203,52 +203,22 @@ def test_the_defaults_are_config_keys():
     from spade_jax.selfplay import config as config_lib
 
     c = config_lib.base_config()
-    assert (c.memory.eviction, c.memory.refresh_statistics, c.memory.positive_pool_factor,
-            c.memory.positive_pool_min, c.memory.positive_fallback, c.memory.negative_pool_factor,
-            c.memory.exemplar_skills, c.memory.exemplar_order) == ("fifo", False, 3, 10, False, 0, "own", "drawn")
+    assert (tuple(c.memory.positive_win_range), tuple(c.memory.negative_win_bounds)) == ((0.15, 0.85), (0.1, 0.9))
     prompt = c.designer.prompt
     assert (prompt.exemplar_max_chars, prompt.exemplar_max_lines, prompt.exemplar_cut_marked,
             prompt.exemplar_layout) == (2000, 0, False, "reference")
-    c.memory.eviction = "regret_staleness"
     c.designer.prompt.exemplar_layout = "inline"
-    assert config_lib.memory(c).eviction == "regret_staleness"
     assert config_lib.prompt_config(c).exemplar_layout == "inline"
 
 
 # ----------------------------------------------------------------- the earlier behaviour, as options
 
 
-def test_option_positive_pool_of_the_top_2n():
-    mem = _band_memory(positive_pool_factor=2, positive_pool_min=0)
-    assert _drawn(mem, "positive")[0] == {"b00", "b01", "b02", "b03"}
-
-
-def test_option_positive_fallback():
-    mem = EnvironmentMemory(positive_fallback=True)
-    _add(mem, "p1", 0.5, 0.3)
-    mem.add_seed(_code("seed"), SKILL, name="s")
-    _add(mem, "borderline", 0.88, 0.4)
-    ex = mem.exemplars(0, n_positive=3, n_negative=1, skill=SKILL)
-    assert [(e.env_id, e.qualified, e.label) for e in ex] == [
-        ("p1", True, "good difficulty"), ("seed-s", False, "unmeasured"), ("borderline", False, "borderline")]
-
-
-def test_option_negative_among_the_top_2n_by_regret():
-    mem = EnvironmentMemory(negative_pool_factor=2)
-    for name, wr, rg in [("n0", 1.0, 0.9), ("n1", 0.95, 0.5), ("n2", 0.0, 0.1), ("n3", 0.05, 0.0)]:
-        _add(mem, name, wr, rg)
-    assert _drawn(mem, "negative")[0] == {"n0", "n1"}
-
-
-def test_option_every_skill():
-    mem = EnvironmentMemory(exemplar_skills="all")
-    _add(mem, "mine", 0.5, 0.1)
-    _add(mem, "theirs", 0.5, 0.9, skill=OTHER)
-    assert _drawn(mem, "positive")[0] == {"mine", "theirs"}
+def test_without_a_skill_every_record_counts_as_the_reference():
     mem = EnvironmentMemory()
     _add(mem, "mine", 0.5, 0.1)
     _add(mem, "theirs", 0.5, 0.9, skill=OTHER)
-    assert _drawn(mem, "positive", skill=None)[0] == {"mine", "theirs"}  # no skill: no filter, as the reference
+    assert _drawn(mem, "positive", skill=None)[0] == {"mine", "theirs"}  # no skill: no filter
 
 
 def test_option_the_earlier_code_cut():
@@ -258,29 +228,6 @@ def test_option_the_earlier_code_cut():
     old = PromptConfig(exemplars_negative=0, exemplar_max_lines=80, exemplar_max_chars=4000, exemplar_cut_marked=True)
     (ex,) = slot_exemplars(mem, np.random.default_rng(0), old, SKILL)
     assert ex.code == "\n".join(code.splitlines()[:80]) + "\n# ... (truncated)"
-
-
-def test_option_regret_staleness_eviction():
-    mem = EnvironmentMemory(capacity=2, eviction="regret_staleness")
-    _add(mem, "a", 0.5, 0.9)
-    _add(mem, "b", 0.5, 0.1)
-    _, evicted = mem.add(_code("c"), SKILL, iteration=0, env_id="c", win_rate=0.5, mean_plain=0.5,
-                         mean_hinted=0.8, regret=0.3)
-    assert evicted == ["b"]
-
-
-def test_option_refresh_statistics():
-    mem = EnvironmentMemory(refresh_statistics=True)
-    _add(mem, "r", 0.5, 0.2)
-    mem.update("r", iteration=1, win_rate=1.0, mean_plain=1.0, mean_hinted=1.0, regret=0.0)
-    assert (mem.get("r").win_rate, mem.get("r").regret) == (1.0, 0.0)
-
-
-def test_option_regret_order():
-    mem = EnvironmentMemory(exemplar_order="regret")
-    _add(mem, "low", 0.5, 0.1)
-    _add(mem, "high", 0.5, 0.9)
-    assert set(_drawn(mem, "positive")[1]) == {("high", "low")}
 
 
 def test_option_inline_layout():

@@ -359,7 +359,6 @@ def test_ablation_switches(tmp_path, small_tokenizer, monkeypatch, switch):
     else:
         c.designer.train = False
         c.memory.enabled = False
-        c.memory.positive_fallback = True  # with memory on, unmeasured seeds would be shown
         c.corpus.enabled = False
         c.corpus.paths = ("/nonexistent/corpus.jsonl",)  # never read
     prompts = []

@@ -251,9 +251,9 @@ def test_designer_exemplar_code_is_escaped(hf_tokenizer):
     from spade_jax.designer.prompts import designer_messages, designer_user_prompt, exemplar_code
 
     evil = Exemplar(env_id="e", skill="logic", code=f"# {FORGED}\x1b[2J\ud800\nclass AEnv: pass", kind="positive",
-                    qualified=True, label="good difficulty", win_rate=0.5, regret=0.2, doc_id=None)
+                    label="good difficulty", win_rate=0.5, regret=0.2, doc_id=None)
     benign = Exemplar(env_id="e", skill="logic", code="# benign\nclass AEnv: pass", kind="positive",
-                      qualified=True, label="good difficulty", win_rate=0.5, regret=0.2, doc_id=None)
+                      label="good difficulty", win_rate=0.5, regret=0.2, doc_id=None)
     prompt = designer_user_prompt("logic", "easy", "doc", [evil])
     assert "<|im_end|>" not in prompt and "\x1b" not in prompt and "\ud800" not in prompt
     assert exemplar_code(evil.code).replace(WORD_JOINER, "") == clean_text(evil.code)

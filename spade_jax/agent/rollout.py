@@ -271,7 +271,7 @@ def play_episodes(
     By default episodes run on the `RowEngine` (`_play_on_engine`): up to `cfg.rows` at
     once, each row's KV cache kept across turns, finished replies stepped in the sandbox
     while the other rows decode, and free rows refilled with waiting episodes. With
-    `sample` (the signature of `spade_jax.sampling.generate`; tests and external agents
+    `sample` (the signature of `spade_jax.sampling.generate_on_rows`; tests and external agents
     pass their own) episodes play in lock-step turns instead (`_play_lockstep`): one
     `sample` call per turn for every live episode, each conversation sent whole. `read_action` turns a decoded reply into what the pool's ``step``
     receives (benchmark pools that parse replies their own way take them whole).

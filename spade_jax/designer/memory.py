@@ -11,27 +11,17 @@ every game its actor played in that step (spade/slime/spade_rollout.py:705-735),
 updates it. Its statistics are those of that step's plays (`regeneration_statistics`): the
 win rate is the share of plain plays with reward > 0, the regret is the hinted mean minus
 the plain mean, unfloored (so it may be negative), 0 when the hint failed
-(orchestrator.py:2041-2048). Here `update` records a replay's plays (rotation, staleness,
-times_replayed) but keeps the statistics of the first measurement; ``refresh_statistics``
-replaces them at every update instead (this code's earlier behaviour).
+(orchestrator.py:2041-2048). Here `update` records a replay's plays (rotation,
+times_replayed) but keeps the statistics of the first measurement.
 
-Eviction (``eviction``). "fifo" (the reference, env_memory.py:72-74): when an add exceeds
-``capacity`` the earliest inserted record goes. "regret_staleness" (this code's earlier
-rule): the record with the lowest
-
-    score = regret * staleness_decay ** (now - last_played)
-
-goes, where ``now`` is the latest iteration the memory has seen and an unmeasured regret
-counts as 0; ties evict the least recently played first, then the oldest added, then the
-earliest inserted, and the record just added can be the one evicted.
+Eviction, as the reference's (env_memory.py:72-74): when an add exceeds ``capacity`` the
+earliest inserted record goes.
 
 Exemplars (designer prompts, env_memory.py:76-123): a slot sees only records of its own
-skill (``exemplar_skills``). Positives are drawn uniformly from the top
-max(``positive_pool_factor`` * n, ``positive_pool_min``) by regret among records whose win
-rate lies in ``positive_win_range``; when none does, none is shown (``positive_fallback``
-turns on this code's earlier fallbacks). A negative is drawn uniformly among records with
-win rate below or above ``negative_win_bounds`` (``negative_pool_factor`` restricts it to
-the highest-regret ones, as this code did before). See `EnvironmentMemory.exemplars`.
+skill. Positives are drawn uniformly from the top max(3 n, 10) by regret among records whose
+win rate lies in ``positive_win_range``; when none does, none is shown. A negative is drawn
+uniformly among records with win rate below or above ``negative_win_bounds``. See
+`EnvironmentMemory.exemplars`.
 
 Difficulty and rotation. A record keeps the difficulty ``level`` calibration chose (replays
 play at it) and the outcomes of its latest plain plays (``recent_plain``, 1 = won, at most
@@ -41,8 +31,9 @@ designer, and in the novelty archive so it is not designed again) but is no long
 replayed; ``retired_iteration`` and ``retired_reason`` say when and why.
 
 `to_state()` gives a JSON-serialisable dict and `from_state` rebuilds the memory from
-it exactly (records, order, counters, settings); it is part of the checkpoint. States
-saved before records had a level or play outcomes load with their defaults.
+it exactly (records, order, counters, settings); it is part of the checkpoint. A state saved
+with one of the retired settings (`RETIRED_SETTINGS`) at another value than today's rule is
+refused.
 """
 
 from __future__ import annotations
@@ -117,17 +108,14 @@ class EnvRecord:
 class Exemplar:
     """An environment shown in a designer prompt.
 
-    kind: "positive" or "negative"; qualified: whether it met the reference criterion
-    (False for fallbacks); label: "good difficulty", "borderline" (a fallback positive
-    outside the win-rate band), "unmeasured" (a seed not yet played), "too easy" or
-    "too hard"; code: its source (prompts cut it to their size).
+    kind: "positive" or "negative"; label: "good difficulty", "too easy" or "too hard";
+    code: its source (prompts cut it to their size).
     """
 
     env_id: str
     skill: str
     code: str
     kind: str
-    qualified: bool
     label: str
     win_rate: float | None
     regret: float | None
@@ -176,67 +164,33 @@ def regeneration_statistics(plain_rewards, hinted_rewards=()) -> dict:
                 regret=mean_hinted - mean_plain if mean_hinted is not None else 0.0)
 
 
-EVICTIONS = ("fifo", "regret_staleness")
-EXEMPLAR_SKILLS = ("own", "all")
-EXEMPLAR_ORDERS = ("drawn", "regret")
-_SETTINGS = ("eviction", "staleness_decay", "refresh_statistics", "positive_win_range", "negative_win_bounds",
-             "positive_pool_factor", "positive_pool_min", "positive_fallback", "negative_pool_factor",
-             "exemplar_skills", "exemplar_order")
+POSITIVE_POOL_FACTOR, POSITIVE_POOL_MIN = 3, 10  # positives from the top max(3 n, 10) by regret
+_SETTINGS = ("positive_win_range", "negative_win_bounds")
+# Settings of spade_jax's earlier memory rules, retired: name -> today's rule, the last commit that had it.
+RETIRED_SETTINGS = {
+    "eviction": ("fifo", "fcdc4af"), "staleness_decay": (0.95, "fcdc4af"), "refresh_statistics": (False, "fcdc4af"),
+    "positive_pool_factor": (3, "fcdc4af"), "positive_pool_min": (10, "fcdc4af"),
+    "positive_fallback": (False, "fcdc4af"), "negative_pool_factor": (0, "fcdc4af"),
+    "exemplar_skills": ("own", "fcdc4af"), "exemplar_order": ("drawn", "fcdc4af"),
+}
 
 
 class EnvironmentMemory:
-    """Bounded archive of admitted environments (see the module docstring for the rules).
+    """Bounded archive of admitted environments (see the module docstring for the rules): at
+    most ``capacity`` records; positives shown from the win-rate band ``positive_win_range``,
+    negatives from outside ``negative_win_bounds`` (the reference's values)."""
 
-    The defaults are the reference's; each other value is this code's earlier behaviour:
-    eviction: "fifo" (earliest inserted goes) or "regret_staleness" (lowest decayed regret,
-      decayed by ``staleness_decay`` per unplayed iteration).
-    refresh_statistics: False keeps a record's first measurement; True replaces it at every
-      `update`.
-    positive_pool_factor / positive_pool_min: positives come from the top
-      max(factor * n, min) by regret (the reference 3 and 10; earlier 2 and 0).
-    positive_fallback: when too few records are in the band, fill up with unmeasured ones,
-      then with borderline ones (between the negative bounds, outside the band).
-    negative_pool_factor: 0 draws a negative among all of them; k > 0 among the top k * n
-      by regret (earlier 2).
-    exemplar_skills: "own" shows a slot only records of its skill, "all" every skill.
-    exemplar_order: "drawn" shows the drawn records in the order drawn (the reference's
-      `random.sample`), "regret" highest regret first.
-    """
-
-    def __init__(self, capacity: int = 200, *, eviction: str = "fifo", staleness_decay: float = 0.95,
-                 refresh_statistics: bool = False,
-                 positive_win_range: tuple[float, float] = (0.15, 0.85),
-                 negative_win_bounds: tuple[float, float] = (0.1, 0.9),
-                 positive_pool_factor: int = 3, positive_pool_min: int = 10, positive_fallback: bool = False,
-                 negative_pool_factor: int = 0, exemplar_skills: str = "own", exemplar_order: str = "drawn"):
+    def __init__(self, capacity: int = 200, *, positive_win_range: tuple[float, float] = (0.15, 0.85),
+                 negative_win_bounds: tuple[float, float] = (0.1, 0.9)):
         if capacity < 1:
             raise ValueError(f"memory capacity must be >= 1, got {capacity}")
-        if eviction not in EVICTIONS:
-            raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
-        if not 0.0 < staleness_decay <= 1.0:
-            raise ValueError(f"staleness_decay must be in (0, 1], got {staleness_decay}")
         lo, hi = positive_win_range
         nlo, nhi = negative_win_bounds
         if not (0.0 <= lo <= hi <= 1.0 and 0.0 <= nlo <= nhi <= 1.0):
             raise ValueError("win-rate ranges must be ordered pairs within [0, 1]")
-        if positive_pool_factor < 1 or positive_pool_min < 0 or negative_pool_factor < 0:
-            raise ValueError("positive_pool_factor must be >= 1, positive_pool_min and negative_pool_factor >= 0")
-        if exemplar_skills not in EXEMPLAR_SKILLS:
-            raise ValueError(f"exemplar_skills must be one of {EXEMPLAR_SKILLS}, got {exemplar_skills!r}")
-        if exemplar_order not in EXEMPLAR_ORDERS:
-            raise ValueError(f"exemplar_order must be one of {EXEMPLAR_ORDERS}, got {exemplar_order!r}")
         self.capacity = int(capacity)
-        self.eviction = eviction
-        self.staleness_decay = float(staleness_decay)
-        self.refresh_statistics = bool(refresh_statistics)
         self.positive_win_range = (float(lo), float(hi))
         self.negative_win_bounds = (float(nlo), float(nhi))
-        self.positive_pool_factor = int(positive_pool_factor)
-        self.positive_pool_min = int(positive_pool_min)
-        self.positive_fallback = bool(positive_fallback)
-        self.negative_pool_factor = int(negative_pool_factor)
-        self.exemplar_skills = exemplar_skills
-        self.exemplar_order = exemplar_order
         self.iteration = 0
         self._next_index = 0
         self._records: dict[str, EnvRecord] = {}
@@ -257,12 +211,6 @@ class EnvironmentMemory:
     def records(self) -> list[EnvRecord]:
         """All records in insertion order."""
         return list(self._records.values())
-
-    def score(self, record: EnvRecord, now: int | None = None) -> float:
-        """Eviction score under "regret_staleness": regret * staleness_decay ** (now - last_played)."""
-        now = self.iteration if now is None else now
-        age = max(0, now - record.last_played)
-        return (record.regret or 0.0) * self.staleness_decay ** age
 
     # ----- mutation -----------------------------------------------------------------
     def add(self, code: str, skill: str, *, iteration: int, doc_id: str | None = None,
@@ -307,12 +255,10 @@ class EnvironmentMemory:
         times_replayed += 1, last_played = iteration, and ``designer_reward`` is set when given.
 
         The statistics are set only when the record is still unmeasured (a seed's first play,
-        its analogue of the reference's one write) or under ``refresh_statistics``; there the
-        new measurement replaces the old one (the agent has changed since, so older numbers
-        are not averaged in)."""
+        its analogue of the reference's one write)."""
         rec = self.get(env_id)
         rec.record_plays(plain_wins)
-        if self.refresh_statistics or not rec.measured:
+        if not rec.measured:
             for k, v in zip(_STAT_FIELDS[:4], (win_rate, mean_plain, mean_hinted, regret)):
                 setattr(rec, k, _clean_float(k, v))
         if designer_reward is not None:
@@ -339,10 +285,8 @@ class EnvironmentMemory:
 
     def _evict(self) -> list[str]:
         evicted = []
-        fifo = self.eviction == "fifo"
         while len(self._records) > self.capacity:
-            victim = min(self._records.values(), key=lambda r: (self._order[r.env_id],) if fifo else (
-                self.score(r), r.last_played, r.iteration_added, self._order[r.env_id]))
+            victim = min(self._records.values(), key=lambda r: self._order[r.env_id])
             del self._records[victim.env_id]
             del self._order[victim.env_id]
             evicted.append(victim.env_id)
@@ -353,67 +297,37 @@ class EnvironmentMemory:
                   n_negative: int = 1, skill: str | None = None) -> list[Exemplar]:
         """Environments to show in a designer prompt of ``skill``: positives first, then negatives.
 
-        Only records of ``skill`` count under ``exemplar_skills`` "own" (None: every skill, as
-        the reference's ``skill=None``). Positives: measured records with win rate in
-        ``positive_win_range`` ranked by regret (highest first, ties by insertion), ``n`` of
-        them drawn uniformly from the top max(positive_pool_factor * n, positive_pool_min)
-        (env_memory.py:90-99); fewer, or none, when fewer qualify. With ``positive_fallback``
-        the shortfall is filled tier by tier from unmeasured records (seeds not yet played),
-        then from measured ones between the negative bounds but outside the band, each tier
-        drawn the same way. Negatives: records with win rate below or above
-        ``negative_win_bounds``, drawn uniformly (env_memory.py:117-123), or among the top
-        negative_pool_factor * n by regret; a record is never shown as a negative unless it is
-        one. Returns [] for an empty memory.
+        Only records of ``skill`` count (None: every skill, as the reference's ``skill=None``).
+        Positives: measured records with win rate in ``positive_win_range`` ranked by regret
+        (highest first, ties by insertion), ``n`` of them drawn uniformly from the top
+        max(3 n, 10) (env_memory.py:90-99); fewer, or none, when fewer qualify. Negatives:
+        records with win rate below or above ``negative_win_bounds``, drawn uniformly
+        (env_memory.py:117-123). Both in the order drawn (the reference's `random.sample`).
+        Returns [] for an empty memory.
         """
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         lo, hi = self.positive_win_range
         nlo, nhi = self.negative_win_bounds
-        recs = self.records()
-        if skill is not None and self.exemplar_skills == "own":
-            recs = [r for r in recs if r.skill == skill]
-        is_neg = lambda r: r.measured and (r.win_rate < nlo or r.win_rate > nhi)  # noqa: E731
-        tiers = [[r for r in recs if r.measured and lo <= r.win_rate <= hi]]
-        if self.positive_fallback:
-            tiers += [[r for r in recs if not r.measured],
-                      [r for r in recs if r.measured and not (lo <= r.win_rate <= hi) and not is_neg(r)]]
-        positives = self._draw(rng, tiers, n_positive, set(), self.positive_pool_factor, self.positive_pool_min)
-        chosen = {r.env_id for r, _ in positives}
-        negatives = self._draw(rng, [[r for r in recs if is_neg(r)]], n_negative, chosen,
-                               self.negative_pool_factor, 0)
-        out = [self._exemplar(r, "positive", tier == 0) for r, tier in positives]
-        out += [self._exemplar(r, "negative", True) for r, _ in negatives]
-        return out
+        recs = [r for r in self.records() if skill is None or r.skill == skill]
+        band = sorted((r for r in recs if r.measured and lo <= r.win_rate <= hi),
+                      key=lambda r: (-(r.regret or 0.0), self._order[r.env_id]))
+        positives = self._draw(rng, band[: max(POSITIVE_POOL_FACTOR * n_positive, POSITIVE_POOL_MIN)], n_positive)
+        negatives = self._draw(rng, [r for r in recs if r.measured and (r.win_rate < nlo or r.win_rate > nhi)],
+                               n_negative)
+        return [self._exemplar(r, "positive") for r in positives] + [self._exemplar(r, "negative") for r in negatives]
 
-    def _draw(self, rng, tiers, n, taken, factor, minimum) -> list[tuple[EnvRecord, int]]:
-        """Per tier, the ``need`` still missing drawn uniformly from its top max(factor * need,
-        minimum) by regret (factor 0: from all of it), in draw order or by regret."""
-        picked: list[tuple[EnvRecord, int]] = []
-        for i, tier in enumerate(tiers):
-            need = n - len(picked)
-            if need <= 0:
-                break
-            cands = sorted((r for r in tier if r.env_id not in taken),
-                           key=lambda r: (-(r.regret or 0.0), self._order[r.env_id]))
-            pool = cands[: max(factor * need, minimum)] if factor else cands
-            if not pool:
-                continue
-            idx = rng.choice(len(pool), size=min(need, len(pool)), replace=False)
-            for j in (sorted(idx) if self.exemplar_order == "regret" else idx):
-                picked.append((pool[j], i))
-                taken.add(pool[j].env_id)
-        return picked
+    @staticmethod
+    def _draw(rng, pool: list[EnvRecord], n: int) -> list[EnvRecord]:
+        """``n`` records (or all) drawn uniformly from ``pool``, in draw order."""
+        if not pool or n <= 0:
+            return []
+        return [pool[j] for j in rng.choice(len(pool), size=min(n, len(pool)), replace=False)]
 
-    def _exemplar(self, rec: EnvRecord, kind: str, qualified: bool) -> Exemplar:
-        if not rec.measured:
-            label = "unmeasured"
-        elif kind == "negative":
-            label = "too easy" if rec.win_rate > self.negative_win_bounds[1] else "too hard"
-        else:
-            label = "good difficulty" if qualified else "borderline"
-        return Exemplar(env_id=rec.env_id, skill=rec.skill,
-                        code=rec.code,
-                        kind=kind, qualified=qualified, label=label, win_rate=rec.win_rate,
-                        regret=rec.regret, doc_id=rec.doc_id)
+    def _exemplar(self, rec: EnvRecord, kind: str) -> Exemplar:
+        label = "good difficulty" if kind == "positive" else (
+            "too easy" if rec.win_rate > self.negative_win_bounds[1] else "too hard")
+        return Exemplar(env_id=rec.env_id, skill=rec.skill, code=rec.code, kind=kind, label=label,
+                        win_rate=rec.win_rate, regret=rec.regret, doc_id=rec.doc_id)
 
     # ----- state --------------------------------------------------------------------
     def to_state(self) -> dict:
@@ -431,11 +345,15 @@ class EnvironmentMemory:
 
     @classmethod
     def from_state(cls, state: dict) -> EnvironmentMemory:
-        """Rebuilds a memory saved with `to_state` (also after a JSON round trip); a setting the
-        state lacks (saved before it existed) takes its default."""
+        """Rebuilds a memory saved with `to_state` (also after a JSON round trip). A state saved
+        with a retired setting at another value than today's rule raises ValueError."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not an EnvironmentMemory state of version {STATE_VERSION}: "
                              f"got version {state.get('version') if isinstance(state, dict) else state!r}")
+        for name, (rule, commit) in RETIRED_SETTINGS.items():
+            if name in state and state[name] != rule:
+                raise ValueError(f"this memory was saved with {name}={state[name]!r}, a rule spade_jax no longer has "
+                                 f"(retired after commit {commit}); resume it with spade_jax at that commit")
         settings = {k: tuple(v) if isinstance(v, list) else v for k, v in state.items() if k in _SETTINGS}
         mem = cls(int(state["capacity"]), **settings)
         mem.iteration = int(state["iteration"])
@@ -449,5 +367,5 @@ class EnvironmentMemory:
         return mem
 
 
-__all__ = ["EVICTIONS", "EXEMPLAR_ORDERS", "EXEMPLAR_SKILLS", "EnvRecord", "EnvironmentMemory", "Exemplar",
-           "MAX_RECENT_PLAYS", "STATE_VERSION", "regeneration_statistics"]
+__all__ = ["EnvRecord", "EnvironmentMemory", "Exemplar", "MAX_RECENT_PLAYS", "RETIRED_SETTINGS", "STATE_VERSION",
+           "regeneration_statistics"]

@@ -23,7 +23,7 @@ torch.nn.Linear stores it, reads `q_NHD` (heads, head_dim, embed). The letters:
     B  batch rows (prompts in the sampler, sequences in a forward pass)
     T  positions (tokens) of the current call
     S  key positions attended to: the KV cache's slots, or the sequence itself
-       without a cache (`mask_BTS`); in `sampling/sampler.py`, `stops_S` is the
+       without a cache (`mask_BTS`); in `sampling/engine.py`, `stops_S` is the
        (padded) list of stop-token ids
     V  vocabulary
     D  model width (`hidden_size`, the "embed" axis)

@@ -26,7 +26,7 @@ from spade_jax.agent.scripted import PLAYERS, ScriptedConfig
 from spade_jax.bootstrap import BootstrapConfig
 from spade_jax.designer.calibration import CalibrationConfig
 from spade_jax.designer.corpus import CorpusConfig
-from spade_jax.designer.memory import EnvironmentMemory, RotationConfig
+from spade_jax.designer.memory import RETIRED_SETTINGS, EnvironmentMemory, RotationConfig
 from spade_jax.designer.prompts import PromptConfig
 from spade_jax.designer.review import ReviewConfig
 from spade_jax.designer.rollout import DesignerConfig
@@ -58,6 +58,7 @@ RETIRED = {
     "designer.reward.matched_seeds": (False, "36594a1"),
     "designer.reward.blend_without_delay": (False, "36594a1"),
     "designer.reward.lone_skill_to_batch_mean": (False, "36594a1"),
+    **{f"memory.{name}": value for name, value in RETIRED_SETTINGS.items()},
 }
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
 

@@ -390,7 +390,7 @@ class SelfPlay:
             plain_now = [r for _, r, played in env.plain if played == it]
             wins = [is_success(r) for r in plain_now]
             remembered = values
-            if not self.memory.refresh_statistics and plain_now:
+            if plain_now:
                 remembered = regeneration_statistics(plain_now, [r for _, r, played in env.hinted if played == it])
             if env.env_id in self.memory:
                 self.memory.update(env.env_id, iteration=it, designer_reward=reward, plain_wins=wins, **remembered)
