@@ -9,7 +9,7 @@ Every engine plays the same requests: `--episodes` episodes of eight library
 environments (six tool-use, two games that go on for many turns), `--max_turns` turns,
 replies of up to `--max_new_tokens` tokens sampled at `--temperature` (so reply lengths
 vary), in a real sandbox pool. A reply cut at `--max_new_tokens` is stepped
-(`AgentConfig.step_cut_replies`; `--end_at_cut` keeps the reference's rule, which ends the
+(`AgentConfig.every_play_counts`; `--end_at_cut` keeps the reference's rule, which ends the
 episode there): under that rule SmolLM2's 64-token replies end most episodes at their first
 turn (1.9 turns on average), and the bench would no longer time multi-turn episodes. Engines:
 
@@ -168,7 +168,7 @@ def child(args) -> None:
     cfg = AgentConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, context_budget=args.context,
                       temperature=args.temperature, rows=args.rows, refill_fraction=args.refill_fraction,
                       overlap_sandbox=args.overlap, kv_cache="paged" if args.engine == "paged" else "contiguous",
-                      page_size=args.page_size, step_cut_replies=not args.end_at_cut)
+                      page_size=args.page_size, every_play_counts=not args.end_at_cut)
     sample = {"engine": None, "paged": None, "lockstep": generate_on_rows,
               "hf": hf_sampler(policy, args.cores) if args.engine == "hf" else None}[args.engine]
     reqs = requests(args.episodes)

@@ -18,7 +18,7 @@ its code:
 * the actor's first prompt is one user message, no system turn, the observation wrapped in
   the actor template (orchestrator.py:256-266).
 
-The old rules stay available as `AgentConfig` options; the last tests check them.
+Evaluation's rule (`AgentConfig.every_play_counts`: no play dropped) and the prompt options are the last tests.
 """
 
 from __future__ import annotations
@@ -155,9 +155,6 @@ def test_hinted_plays_follow_the_reference_hint_phase(policy, pool):
     assert cut.end_reason == "terminated" and cut.reward == 1.0
     hung = hinted(HANGS, scripted("\\boxed{7}"))
     assert hung.end_reason == "timeout" and not hung.dropped and hung.reward == 0.0
-    plain_rules = AgentConfig(max_turns=3, max_new_tokens=32, context_budget=1024, hinted_like_plain=True)
-    assert hinted(GUESS, scripted("\\boxed{7}", finished=False), plain_rules).end_reason == "max_new_tokens"
-    assert hinted(HANGS, scripted("\\boxed{7}"), plain_rules).dropped
 
 
 
@@ -181,28 +178,26 @@ def test_a_nan_terminal_reward_is_a_broken_step_a_deliberate_difference(policy, 
     t = play(policy, pool, NAN_REWARD, scripted("\\boxed{7}"))
     assert t.reward == -1.0 and not t.won and t.end_reason == "error" and "nan" in t.error
 
-# ---------------------------------------------------------------------------- the old rules, as options
+# ---------------------------------------------------------------------------- evaluation's rule
 
-def test_old_rules_are_named_options(policy, pool):
-    assert play(policy, pool, RAISES, scripted("\\boxed{7}"), AgentConfig(
-        max_turns=3, max_new_tokens=32, context_budget=1024, step_error_reward=0.0)).reward == 0.0
-    cut = play(policy, pool, GUESS, scripted("\\boxed{7}", finished=False), AgentConfig(
-        max_turns=3, max_new_tokens=32, context_budget=1024, step_cut_replies=True))
+
+def test_under_every_play_counts_no_play_is_dropped(policy, pool):
+    """Evaluation's rule (`AgentConfig.every_play_counts`): a cut reply is stepped, a timed-out
+    play scores `timeout_penalty` and one whose environment failed to start 0; none is dropped."""
+    cfg = AgentConfig(max_turns=3, max_new_tokens=32, context_budget=1024, every_play_counts=True, timeout_penalty=-0.5)
+    cut = play(policy, pool, GUESS, scripted("\\boxed{7}", finished=False), cfg)
     assert cut.end_reason == "terminated" and cut.reward == 1.0 and cut.won
-    hung = play(policy, pool, HANGS, scripted("\\boxed{7}"), AgentConfig(
-        max_turns=3, max_new_tokens=32, context_budget=1024, score_timeouts=True, timeout_penalty=-0.5))
+    hung = play(policy, pool, HANGS, scripted("\\boxed{7}"), cfg)
     assert hung.end_reason == "timeout" and not hung.dropped and hung.reward == -0.5
+    failed_start = play(policy, pool, NO_LOAD, scripted("\\boxed{7}"), cfg)
+    assert not failed_start.dropped and failed_start.reward == 0.0
+    assert play(policy, pool, RAISES, scripted("\\boxed{7}"), cfg).reward == -1.0
+
+
+def test_prompts_other_than_the_references_are_options(policy, pool):
     system = play(policy, pool, GUESS, scripted("\\boxed{7}"), AgentConfig(
         max_turns=3, max_new_tokens=32, context_budget=1024, system_prompt="Play well."))
     assert system.messages[0] == {"role": "system", "content": "Play well."}
     raw = play(policy, pool, GUESS, scripted("\\boxed{7}"), AgentConfig(
         max_turns=3, max_new_tokens=32, context_budget=1024, user_template="{observation}"))
     assert raw.messages[0] == {"role": "user", "content": "Say seven."}
-    failed_start = play(policy, pool, NO_LOAD, scripted("\\boxed{7}"), AgentConfig(
-        max_turns=3, max_new_tokens=32, context_budget=1024, score_failed_starts=True))
-    assert not failed_start.dropped and failed_start.reward == 0.0
-
-
-def test_step_error_reward_is_a_reward():
-    with pytest.raises(ValueError, match="step_error_reward"):
-        AgentConfig(step_error_reward=-2.0)

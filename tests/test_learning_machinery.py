@@ -35,9 +35,9 @@ class BanditEnv:
 '''
 PLAYS = 32
 EVAL_SEEDS = range(1000, 1064)
-# A random model never stops by itself: its cut replies are stepped (`step_cut_replies`).
+# A random model never stops by itself: its cut replies are stepped (`every_play_counts`).
 CFG = AgentConfig(max_turns=1, max_new_tokens=3, temperature=1.0, context_budget=256, user_template="{observation}",
-                  step_cut_replies=True)
+                  every_play_counts=True)
 
 
 def _policy(tokenizer):

@@ -215,15 +215,15 @@ def _same(a, b, logprob_tol=0.0):
         assert x.messages == y.messages
 
 
-@pytest.mark.parametrize("step_cut_replies,overlap", [(True, False), (False, True)])
-def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_replies, overlap):
+@pytest.mark.parametrize("every_play_counts,overlap", [(True, False), (False, True)])
+def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, every_play_counts, overlap):
     """Six episodes (two hinted) on three rows, so rows are refilled from the queue, equal lock-step
     turns (every turn a fresh engine over each live conversation, written from its first token). The random
-    policy's replies mostly run to max_new_tokens: stepped anyway (`step_cut_replies`, several
+    policy's replies mostly run to max_new_tokens: stepped anyway (`every_play_counts`, several
     turns), or each plain one ends its episode unstepped (the default; with the sandbox
     overlapped) while the hinted ones are stepped."""
     cfg = AgentConfig(max_turns=3, max_new_tokens=16, context_budget=1536, temperature=0.0, rows=3,
-                      step_cut_replies=step_cut_replies)
+                      every_play_counts=every_play_counts)
     requests = _requests(4) + _requests(2, hinted=True)
     lockstep = play_episodes(chat_policy, pool, requests, cfg, sample=generate_on_rows)
     stats = RolloutStats()
@@ -231,7 +231,7 @@ def test_greedy_episodes_equal_the_lockstep_engine(chat_policy, pool, step_cut_r
     _same(lockstep, engine, logprob_tol=1e-4)
     assert sum(t.loss_mask.sum() for t in engine) > 0
     assert 0 < stats.device_busy_fraction <= 1 and stats.engine.chunks > 1
-    if step_cut_replies:
+    if every_play_counts:
         assert max(t.turns for t in engine) >= 2
         return
     stops = set(chat_policy.tokenizer.eos_token_ids)

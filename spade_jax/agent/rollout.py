@@ -13,24 +13,26 @@ An episode ends when its environment terminates or truncates, a sandbox call fai
 out, a reply is cut at `max_new_tokens`, it reaches `max_turns`, or its next turn would not fit
 the context budget. Its reward follows the reference (spade-rl/spade `core/orchestrator.py`
 `play_game_async`, `core/envs/synthetic_game_env.py` `step`, `core/utils/rewards.py`
-`episode_reward`); the rules this code base had before are `AgentConfig` options, off by default:
+`episode_reward`):
 
 * a terminated episode scores its last reward clipped to [-1, 1]; one truncated, out of turns
   or out of context 0;
-* a step() that raises, breaks the contract (a malformed result) or gets its worker killed
-  (memory, output, a forbidden call: `failed_call` "step") scores `step_error_reward` (-1:
-  the reference's wrapper answers a raising or malformed step with reward -1, terminated;
+* a step() that raises, breaks the contract (a malformed result, a non-finite reward) or gets
+  its worker killed (memory, output, a forbidden call: `failed_call` "step") scores -1 (the
+  reference's wrapper answers a raising or malformed step with reward -1, terminated;
   synthetic_game_env.py:402-434, rewards.py:47-50); a sandbox-side refusal scores 0; a play
   whose environment failed to start is dropped, as the reference drops a game that fails to
-  load (`score_failed_starts` keeps it at 0);
+  load;
 * a reply cut at `max_new_tokens` (no stop token) is not stepped: the episode ends there
-  ("max_new_tokens") and scores 0 (orchestrator.py:474-489); `step_cut_replies` steps it;
+  ("max_new_tokens") and scores 0 (orchestrator.py:474-489);
 * a timed-out play (any sandbox call past its deadline) is dropped (`Trajectory.dropped`):
   the reference returns a FAILED trajectory that never reaches training or the play
-  statistics (orchestrator.py:490-510, 1523-1547, 1614-1624); `score_timeouts` keeps it with
-  `timeout_penalty` instead;
+  statistics (orchestrator.py:490-510, 1523-1547, 1614-1624);
 * hinted plays follow the reference's hint phase: a cut reply is stepped, a timeout or failed
-  start scores 0 and is kept (`hinted_like_plain` plays them under the rules above).
+  start scores 0 and is kept.
+
+Evaluation plays under `AgentConfig.every_play_counts`: a benchmark drops nothing, so a cut
+reply is stepped, a timed-out play scores `timeout_penalty` and one that failed to start 0.
 
 Plain and hinted plays of an environment share seeds, so regret compares matched instances.
 Sampled replies depend on the seed, the episode's index and the turn, not on rows or timing.
@@ -92,15 +94,9 @@ class AgentConfig:
     first observation (with its hint and guidance) in that user turn: the reference's
     (`REFERENCE_USER_TEMPLATE`) by default, "{observation}" for the observation alone.
 
-    Outcome rules (see the module docstring); the reference's are the defaults:
-    `step_error_reward` is the reward of an episode whose step() raised or returned a malformed
-    result (-1.0; 0.0 was this code base's rule before); `step_cut_replies` (off) steps a reply
-    cut at `max_new_tokens` instead of ending the episode with reward 0; `score_timeouts` (off)
-    keeps a timed-out play with reward `timeout_penalty` instead of dropping it;
-    `score_failed_starts` (off) keeps a play whose environment failed to start, with reward 0,
-    instead of dropping it. Hinted plays follow the reference's hint phase
-    (orchestrator.py:1783-1917): a cut reply is stepped and a timeout scores 0;
-    `hinted_like_plain` plays them under the plain plays' rules instead.
+    Outcome rules (see the module docstring): the reference's, or with `every_play_counts`
+    (evaluation's) every play a sample: a cut reply is stepped, a timed-out play scores
+    `timeout_penalty` and one whose environment failed to start 0, none dropped.
     """
 
     max_turns: int = 8
@@ -109,14 +105,10 @@ class AgentConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY  # read only with score_timeouts
+    timeout_penalty: float = DEFAULT_TIMEOUT_PENALTY  # read only with every_play_counts
     system_prompt: str = ""
     user_template: str = REFERENCE_USER_TEMPLATE
-    step_error_reward: float = -1.0
-    step_cut_replies: bool = False
-    score_timeouts: bool = False
-    score_failed_starts: bool = False
-    hinted_like_plain: bool = False
+    every_play_counts: bool = False
     rows: int = 32  # episodes decoded at once by the rollout engine (rounded up to a power of two)
     refill_fraction: float = 0.125  # a decode chunk ends once this share of the rows finished a reply
     kv_cache: str = "contiguous"  # the engine's KV cache: "contiguous" rows or "paged" (see sampling/paged_cache.py)
@@ -128,8 +120,6 @@ class AgentConfig:
     def __post_init__(self):
         if "{observation}" not in self.user_template:
             raise ValueError(f"user_template must contain '{{observation}}', got {self.user_template!r}")
-        if not -1.0 <= self.step_error_reward <= 1.0:
-            raise ValueError(f"step_error_reward must be in [-1, 1], got {self.step_error_reward}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens >= self.context_budget:
@@ -178,7 +168,7 @@ class Trajectory:
     """A finished episode: its tokens for training and its outcome.
 
     `dropped`: the play timed out (`end_reason` "timeout") under the reference's rule
-    (`AgentConfig.score_timeouts` off). A dropped play is no sample: its `reward` (0.0) means
+    (`AgentConfig.every_play_counts` off). A dropped play is no sample: its `reward` (0.0) means
     nothing, and it must be left out of training and of every reward statistic (solve rates,
     regret); the designer's penalty for the timeout is scoring's business.
     """
@@ -348,24 +338,26 @@ def play_episodes(
     return out
 
 
+STEP_ERROR_REWARD = -1.0  # the reference's reward of a step that raised or broke the contract
+
+
 def _outcome(e: _Live, cfg: AgentConfig) -> tuple[float, bool]:
     """The episode's reward and whether it is dropped (the rules of the module docstring)."""
-    hint_phase = e.request.hinted and not cfg.hinted_like_plain
     if e.timed_out:
-        if cfg.score_timeouts:
+        if cfg.every_play_counts:
             return float(cfg.timeout_penalty), False
-        return 0.0, not hint_phase
+        return 0.0, not e.request.hinted
     if e.end_reason == "error" and e.failed_call == "step":
-        return float(cfg.step_error_reward), False
+        return STEP_ERROR_REWARD, False
     if e.end_reason == "error" and e.conversation is None:  # the environment failed to start
-        return 0.0, not (cfg.score_failed_starts or hint_phase)
+        return 0.0, not (cfg.every_play_counts or e.request.hinted)
     return episode_reward(e.final_reward, e.terminated), False
 
 
 def _cut(e: _Live, cfg: AgentConfig, finished: bool) -> bool:
     """Ends the episode (reason "max_new_tokens", unstepped) when its reply hit the token limit
-    without a stop token, unless `cfg.step_cut_replies`; True when it ended."""
-    if finished or cfg.step_cut_replies or (e.request.hinted and not cfg.hinted_like_plain):
+    without a stop token, unless every play counts or it is a hinted play; True when it ended."""
+    if finished or cfg.every_play_counts or e.request.hinted:
         return False
     e.turns += 1
     e.end_reason = "max_new_tokens"

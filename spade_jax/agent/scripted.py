@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spade_jax.agent.rollout import AgentConfig, EpisodeRequest, Trajectory
+from spade_jax.agent.rollout import STEP_ERROR_REWARD, AgentConfig, EpisodeRequest, Trajectory
 from spade_jax.envs.contract import episode_reward, is_success
 from spade_jax.sandbox import EpisodeSpec
 from spade_jax.seeds import derive_seed
@@ -78,7 +78,7 @@ def play_scripted(pool, requests: Sequence[EpisodeRequest], agent_cfg: AgentConf
 
     A play whose environment fails to start, whose `solution()` fails or whose step times
     out follows the policy's rules (`rollout` module docstring): dropped when plain, scored 0
-    when hinted; a step that raises scores ``agent_cfg.step_error_reward``. The trajectories
+    when hinted; a step that raises scores -1. The trajectories
     carry no tokens; `turns` is the number of actions stepped."""
     starts = pool.start([EpisodeSpec(program=r.program, seed=r.seed, max_turns=agent_cfg.max_turns,
                                      env_kwargs=dict(r.env_kwargs)) for r in requests])
@@ -112,13 +112,12 @@ def play_scripted(pool, requests: Sequence[EpisodeRequest], agent_cfg: AgentConf
 def _trajectory(request: EpisodeRequest, result, turns: int, messages: list, cfg: AgentConfig, *, started: bool,
                 solved: bool) -> Trajectory:
     """The outcome of one scripted play under the rollout's rules (its module docstring)."""
-    hint_phase = request.hinted and not cfg.hinted_like_plain
     if result.timed_out:
-        reward, dropped, reason = 0.0, not hint_phase, "timeout"
+        reward, dropped, reason = 0.0, not request.hinted, "timeout"
     elif not started or not solved:
-        reward, dropped, reason = 0.0, not (hint_phase or cfg.score_failed_starts), "error"
+        reward, dropped, reason = 0.0, not (request.hinted or cfg.every_play_counts), "error"
     elif result.error and result.failed_call == "step":
-        reward, dropped, reason = float(cfg.step_error_reward), False, "error"
+        reward, dropped, reason = STEP_ERROR_REWARD, False, "error"
     else:
         reward = episode_reward(result.reward, result.terminated)
         dropped = False

@@ -196,9 +196,7 @@ def run_suite(policy, pool, suite: Suite, cfg: EvalConfig, agent_cfg: AgentConfi
                                                   system_prompt=getattr(suite, "system_prompt", agent_cfg.system_prompt),
                                                   user_template=("{observation}" if hasattr(suite, "system_prompt")
                                                                  else agent_cfg.user_template),
-                                                  # every episode is scored: a benchmark drops nothing
-                                                  step_cut_replies=True, score_timeouts=True,
-                                                  score_failed_starts=True)
+                                                  every_play_counts=True)  # a benchmark drops nothing
                 requests = [EpisodeRequest(env_key=i, program=items[i].program, seed=items[i].seed,
                                            guidance=guide(items[i].program) if guide else None) for i in group]
                 guided += sum(r.guidance is not None for r in requests)

@@ -59,6 +59,11 @@ RETIRED = {
     "designer.reward.blend_without_delay": (False, "36594a1"),
     "designer.reward.lone_skill_to_batch_mean": (False, "36594a1"),
     **{f"memory.{name}": value for name, value in RETIRED_SETTINGS.items()},
+    "agent.step_error_reward": (-1.0, "3d0cdfd"),
+    "agent.step_cut_replies": (False, "3d0cdfd"),
+    "agent.score_timeouts": (False, "3d0cdfd"),
+    "agent.score_failed_starts": (False, "3d0cdfd"),
+    "agent.hinted_like_plain": (False, "3d0cdfd"),
 }
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
 
