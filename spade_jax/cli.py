@@ -11,18 +11,6 @@ import sys
 USAGE_ERROR = 2  # absl's and argparse's exit code for a bad command line
 
 
-def refuse_renamed(argv: list[str]) -> None:
-    """Stops (status 2) when a `--config.<field>` override names a field that was renamed
-    (`selfplay.config.RENAMED`), naming the new field; the flag parser would only say "unknown"."""
-    from spade_jax.selfplay.config import RENAMED
-
-    for arg in argv[1:]:
-        field = arg.removeprefix("--config.").partition("=")[0]
-        if arg.startswith("--config.") and field in RENAMED:
-            print(f"error: config.{field} was renamed to config.{RENAMED[field]}", file=sys.stderr)
-            raise SystemExit(USAGE_ERROR)
-
-
 def validated(config):
     """`config` after `selfplay.config.validate` on this process's devices; a bad field exits with
     "error: config.<field>: ..." on stderr and status 2."""

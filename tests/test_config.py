@@ -76,7 +76,6 @@ def _main(*flags: str) -> subprocess.CompletedProcess:
         ("--config.rl.no_such_field=1", "no_such_field"),
         ("--config.rl.lr=fast", "rl.lr"),
         ("--config.mesh.shape=(4,1,1)", "does not fit the 1 available devices"),
-        ("--config.eval.max_turns=3", "config.eval.max_turns was renamed to config.eval.default_turns"),
     ],
 )
 def test_main_stops_before_any_work_on_a_bad_flag(tmp_path, flag, message):
@@ -87,20 +86,6 @@ def test_main_stops_before_any_work_on_a_bad_flag(tmp_path, flag, message):
         assert result.returncode == 2
     assert message in result.stderr + result.stdout
     assert not workdir.exists()  # nothing was written, nothing was trained
-
-
-def test_every_renamed_field_is_refused_with_its_new_name_and_the_new_one_exists(capsys):
-    from spade_jax.cli import refuse_renamed
-    from spade_jax.selfplay.config import RENAMED, base_config
-
-    config = base_config()
-    for old, new in RENAMED.items():
-        with pytest.raises(SystemExit) as stop:
-            refuse_renamed(["main", "--workdir=w", f"--config.{old}=1"])
-        assert stop.value.code == 2 and f"config.{old} was renamed to config.{new}" in capsys.readouterr().err
-        section, _, field = new.rpartition(".")
-        assert field in config[section] and old.rpartition(".")[2] not in config[old.rpartition(".")[0]]
-    refuse_renamed(["main", "--config.eval.default_turns=3", "--workdir=w"])  # new names pass
 
 
 def test_each_stage_dataclass_is_its_config_section():

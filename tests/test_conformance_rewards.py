@@ -8,8 +8,6 @@ settings give the same numbers. `reference_delayed_blend` below is an independen
 of the reference's delayed blend, written from its code, for the end-to-end recipe check.
 """
 
-import dataclasses
-
 import numpy as np
 import pytest
 

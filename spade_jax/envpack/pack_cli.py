@@ -20,7 +20,7 @@ def _list(pack: Pack) -> int:
 
     print(f"{pack.name} {pack.manifest.version}: {len(pack.environments)} environment(s)")
     for env in pack.environments:
-        print(f"  {env.gym_id}  skill={display_line(env.skill or "-", 80)}  levels={','.join(env.levels) or '-'}  "
+        print(f"  {env.gym_id}  skill={display_line(env.skill or '-', 80)}  levels={','.join(env.levels) or '-'}  "
               f"level={env.level or '-'}  win_rate={num(env.win_rate)}  regret={num(env.regret)}")
     return 0
 

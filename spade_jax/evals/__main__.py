@@ -14,17 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
-    from spade_jax.cli import refuse_renamed
-
-    refuse_renamed(sys.argv)
 
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (its checkpoints; results go to WORKDIR/evals/).", required=True)

@@ -42,13 +42,6 @@ from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.trajectories.synth import SynthConfig
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
-# Fields that were renamed, old -> new: an old name on a command line stops with the new one (`cli`).
-RENAMED = {
-    "calibration.retire_win_rate": "memory.retire_win_rate",
-    "calibration.retire_plays": "memory.retire_plays",
-    "eval.episodes_per_env": "eval.plays_per_program",
-    "eval.max_turns": "eval.default_turns",
-}
 # Switches for spade_jax's earlier rules, retired: field -> (the value that meant today's rule, the
 # last commit that had the switch). A run saved with another value is refused on resume (`main`);
 # docs/DESIGN.md lists them.

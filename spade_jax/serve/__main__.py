@@ -26,11 +26,6 @@ import uvicorn
 from absl import app, flags
 from ml_collections import config_flags
 
-if __name__ == "__main__":
-    from spade_jax.cli import refuse_renamed
-
-    refuse_renamed(sys.argv)
-
 config_flags.DEFINE_config_file("config", None, "Preset file (default: the run's WORKDIR/config.json).",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (its checkpoints, its cached bootstrap).", required=True)

@@ -24,11 +24,6 @@ from ml_collections import config_flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-if __name__ == "__main__":  # before the config flag, whose definition already applies the overrides
-    from spade_jax.cli import refuse_renamed
-
-    refuse_renamed(sys.argv)
-
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("envs", None, "Directory of programs, comma-separated files, or 'library'.", required=True)
 flags.DEFINE_string("out", None, "SFT JSONL output (chat format with tool calls).", required=True)
