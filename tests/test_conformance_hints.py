@@ -80,8 +80,7 @@ def test_the_user_message_is_the_reference_framing_of_the_whole_program(monkeypa
 def test_sampling_defaults_are_the_references(monkeypatch):
     """types.py:154 temperature 0.3; max_new_tokens 4096 (issue 32); the reply is kept whole."""
     cfg = HintConfig()
-    assert (cfg.temperature, cfg.max_new_tokens, cfg.max_sentences, cfg.max_code_chars, cfg.retries) == (
-        0.3, 4096, 0, 0, 2)
+    assert (cfg.temperature, cfg.max_new_tokens, cfg.retries) == (0.3, 4096, 2)
     calls = _fake_sampler(monkeypatch, [["x"]])
     hints.write_hints(types.SimpleNamespace(tokenizer=None), [GAME_ENV], cfg)
     assert calls[0][1]["temperature"] == 0.3 and calls[0][1]["max_new_tokens"] == 4096

@@ -54,8 +54,9 @@ def test_placebo_hints_have_the_length_of_the_hint_they_replace_and_no_content(m
     assert hints.placebo_hint(300) == hints.placebo_hint(300) and len(hints.placebo_hint(300)) == 300
 
 
-def test_clean_hint_keeps_sentences_on_one_line():
-    assert clean_hint("HINT: Add them.\nThen box it! Extra one. Too many.", 2) == "Add them. Then box it!"
+def test_clean_hint_keeps_the_reply_whole():
+    assert clean_hint("HINT: Add them.\nThen box it! Extra one. Too many.\n") == (
+        "HINT: Add them.\nThen box it! Extra one. Too many.")
     assert clean_hint("  \n ") == "" and clean_hint("") is None
 
 

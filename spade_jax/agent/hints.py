@@ -165,7 +165,6 @@ Reply with the hint text alone: no JSON, no markdown, no label."""
 HINT_USER_TEMPLATE = "Environment code:\n```python\n{code}\n```"  # hint_generator.py:154 and 246
 _TOOL_USE_CLASS = re.compile(r"^class\s+\w+\s*\(\s*ToolUseEnv\s*\)", re.MULTILINE)
 _JSON_BLOCK = re.compile(r"```json\s*\n?(.*?)\n?```", re.DOTALL)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,11 +178,8 @@ class HintConfig:
     `prompt_wording`: "reference" the reference's prompts verbatim, "rewritten" the same rules
     and examples in spade_jax's words.
     Sampling follows the reference (types.py:154, hint_generator.py:183-196): temperature
-    0.3, the whole program shown (`max_code_chars` 0; > 0 cuts it), up to `max_new_tokens`,
-    and a hint that comes back empty is sampled again `retries` times (3 attempts in all);
-    the reply is kept whole (`max_sentences` 0). Earlier defaults, still reachable:
-    temperature 0.7, max_new_tokens 96, max_code_chars 6000, max_sentences 3 (the first
-    three sentences on one line, a "HINT:" label dropped), retries 0.
+    0.3, the whole program shown, up to `max_new_tokens`, and a hint that comes back empty
+    is sampled again `retries` times (3 attempts in all); the reply is kept whole.
     """
 
     mode: str = "self"
@@ -194,8 +190,6 @@ class HintConfig:
     temperature: float = 0.3
     top_p: float = 1.0
     top_k: int = 0
-    max_code_chars: int = 0
-    max_sentences: int = 0
     retries: int = 2
 
     def __post_init__(self):
@@ -208,8 +202,8 @@ class HintConfig:
             raise ValueError(f"hints.game_type must be one of {GAME_TYPES}, got {self.game_type!r}")
         if self.prompt_wording not in PROMPT_WORDINGS:
             raise ValueError(f"hints.prompt_wording must be one of {PROMPT_WORDINGS}, got {self.prompt_wording!r}")
-        if self.retries < 0 or self.max_sentences < 0 or self.max_code_chars < 0:
-            raise ValueError("hints.retries, max_sentences and max_code_chars must be >= 0")
+        if self.retries < 0:
+            raise ValueError(f"hints.retries must be >= 0, got {self.retries}")
 
     @property
     def text_mode(self) -> str | None:
@@ -228,17 +222,15 @@ def system_prompt(code: str, game_type: str = "cognitive", wording: str = "refer
 
 def hint_chat(code: str, cfg: HintConfig, tokenizer) -> list[dict]:
     """The two messages that ask for one program's hint (the program escaped by `prompt_text`)."""
-    shown = code[: cfg.max_code_chars] if cfg.max_code_chars else code
     return [
         {"role": "system", "content": system_prompt(code, cfg.game_type, cfg.prompt_wording)},
-        {"role": "user", "content": HINT_USER_TEMPLATE.format(code=prompt_text(tokenizer, shown))},
+        {"role": "user", "content": HINT_USER_TEMPLATE.format(code=prompt_text(tokenizer, code))},
     ]
 
 
-def clean_hint(text: str, max_sentences: int = 0) -> str | None:
+def clean_hint(text: str) -> str | None:
     """The hint in a reply: cleaned and stripped, a fenced JSON object's "hint" taken out of
-    it (hint_generator.py:132-149); with ``max_sentences`` > 0 only the first that many
-    sentences, on one line, a "HINT:" label dropped.
+    it (hint_generator.py:132-149).
 
     None for an empty reply (the reference raises on it and samples again); a reply of
     whitespace alone is the empty hint "", shown as an empty "HINT: " (the reference strips
@@ -254,9 +246,6 @@ def clean_hint(text: str, max_sentences: int = 0) -> str | None:
             data = None
         if isinstance(data, dict) and isinstance(data.get("hint"), str):
             text = data["hint"].strip()
-    if max_sentences:
-        text = " ".join(text.replace("HINT:", " ").split())
-        text = " ".join(_SENTENCE_END.split(text)[:max_sentences])
     return text
 
 
@@ -302,7 +291,7 @@ def _sample_hints(policy, programs: Sequence[str], cfg: HintConfig, seed: int) -
                                      temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                      seed=seed + attempt, limits=[room[i] for i in todo])
         for i, completion in zip(todo, completions):
-            hints[i] = clean_hint(completion.text, cfg.max_sentences)
+            hints[i] = clean_hint(completion.text)
     return hints
 
 

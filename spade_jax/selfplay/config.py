@@ -57,6 +57,8 @@ RETIRED = {
     "agent.score_timeouts": (False, "3d0cdfd"),
     "agent.score_failed_starts": (False, "3d0cdfd"),
     "agent.hinted_like_plain": (False, "3d0cdfd"),
+    "hints.max_sentences": (0, "e332701"),
+    "hints.max_code_chars": (0, "e332701"),
 }
 _SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
 
