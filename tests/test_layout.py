@@ -45,7 +45,8 @@ def test_the_layer_check_finds_a_package_cycle_an_upward_import_and_an_unplaced_
 
 
 def test_environment_packages_import_without_jax():
-    code = ("import sys; import spade_jax.envs.library, spade_jax.sandbox.worker, spade_jax.sandbox.host_start; "
+    code = ("import sys; import spade_jax.envs.library, spade_jax.sandbox.worker, spade_jax.sandbox.host_start, "
+            "spade_jax.text; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'flax')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

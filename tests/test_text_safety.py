@@ -1,4 +1,4 @@
-"""Text from environment programs is data: sandbox.text, special-token escaping, prompts, the gallery."""
+"""Text from environment programs is data: spade_jax.text, special-token escaping, prompts, the gallery."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from spade_jax.agent.conversation import Conversation, prompt_text
 from spade_jax.agent.rollout import HINT_SEPARATOR, SOLUTION_HINT_PREFIX, solution_hint
 from spade_jax.models.tokenizer import WORD_JOINER, HFTokenizer, SentencePieceTokenizer, escape_chat_markers
-from spade_jax.sandbox.text import REPLACEMENT, clean_text, display_line
+from spade_jax.text import REPLACEMENT, clean_text, display_line
 
 UNSAFE = ["\x00", "\x07", "\x08", "\x0b", "\x0c", "\r", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9b", "\x9f",
           "\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069",
@@ -27,7 +27,7 @@ NORMAL_TEXTS = [
 ]
 
 
-# ---------------------------------------------------------------- sandbox/text.py
+# ---------------------------------------------------------------- spade_jax/text.py
 
 
 def test_clean_text_replaces_each_unsafe_character_one_for_one():

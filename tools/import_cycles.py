@@ -34,7 +34,8 @@ import sys
 PACKAGE = "spade_jax"
 # Lowest first. Entry points (command lines) sit on top; nothing imports them.
 LAYERS = (
-    ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable", "spade_jax.compile_cache")),
+    ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable", "spade_jax.compile_cache",
+              "spade_jax.text")),
     ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.envs")),
     ("roles", ("spade_jax.agent", "spade_jax.designer")),
     ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),

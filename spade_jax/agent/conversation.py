@@ -7,7 +7,7 @@ token, and a later KV-cache reuse can extend the cache instead of re-encoding.
 
 Observations come from environment programs (adversarial designer code), so each one
 enters the prompt through `prompt_text`: valid Unicode with no control characters
-(`sandbox.text.clean_text`) and no string of a special token of the policy's tokenizer
+(`spade_jax.text.clean_text`) and no string of a special token of the policy's tokenizer
 (`Tokenizer.escape_special`): an observation cannot close the user turn or open another.
 `messages` holds the observations as the policy saw them.
 """
@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 _SENTINEL = "\u0000SPADE-ASSISTANT-TURN\u0000"
 _OBSERVATION = "\u0000SPADE-OBSERVATION\u0000"

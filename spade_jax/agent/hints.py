@@ -48,7 +48,7 @@ from spade_jax.agent.conversation import prompt_text
 from spade_jax.agent.rollout import EpisodeRequest, placebo_hint
 from spade_jax.agent.strategy import strategy_hint
 from spade_jax.sampling.chat import complete_chats
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 HINT_MODES = ("self", "strategy", "solution", "placebo", "resample", "none")
 TEXT_HINT_MODES = ("self", "strategy")  # the modes whose hint is a text written before play

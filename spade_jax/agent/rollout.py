@@ -61,7 +61,7 @@ from spade_jax.envs.contract import DEFAULT_TIMEOUT_PENALTY, episode_reward, is_
 from spade_jax.sampling import Generation
 from spade_jax.sampling.engine import EngineStats, RowEngine
 from spade_jax.sandbox import EpisodeSpec
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 # A system turn for the agent; not the default (`AgentConfig.system_prompt` is "", as in the
 # reference), but presets and the bootstrap that trains with it set it explicitly.

@@ -4,7 +4,7 @@ The same renderer serves self-play and the tiny preset's bootstrap data, so the
 bootstrapped model is trained on exactly the prompts it later answers.
 
 Exemplar code was written by the designer model and is replayed into every later prompt,
-so it is shown as data: cleaned (`sandbox.text.clean_text`: valid Unicode, no control
+so it is shown as data: cleaned (`spade_jax.text.clean_text`: valid Unicode, no control
 characters) and with every common chat-format special-token spelling broken
 (`models.tokenizer.escape_chat_markers`; these prompts are rendered without the
 policy's tokenizer), so a remembered program cannot end the user turn it sits in. The
@@ -29,7 +29,7 @@ import numpy as np
 
 from spade_jax.designer.memory import EnvironmentMemory, Exemplar
 from spade_jax.models.tokenizer import escape_chat_markers
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 DIFFICULTIES = ("easy", "medium", "hard")
 EXEMPLAR_LAYOUTS = ("reference", "inline")

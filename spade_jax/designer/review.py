@@ -17,7 +17,7 @@ from typing import Sequence
 
 from spade_jax.agent.conversation import prompt_text
 from spade_jax.sampling.chat import complete_chats
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 REVIEW_SYSTEM_PROMPT = "You check training environments for a reasoning agent."
 REVIEW_INSTRUCTIONS = (

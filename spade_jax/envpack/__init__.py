@@ -16,7 +16,7 @@
 - `pack_cli`: an installed pack's command line (`python -m <name> list | serve`).
 - `__main__`: the command line that packs a run.
 
-Entry layer: it reads a run (`selfplay.runlog`) and writes with `trajectories.export.json_text`;
+Entry layer: it reads a run (`selfplay.runlog`) and writes with `text.json_text`;
 what an installed pack imports (`manifest`, `runtime`, `gym_env`, `openenv_env`) is standard
 library, the sandbox, gymnasium and openenv-core, never JAX.
 """

@@ -26,7 +26,7 @@ from gymnasium import spaces
 
 from spade_jax.envpack.runtime import SandboxEpisode, env_kwargs, resolve_pack, step_info
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 # What `ProgramText.sample` draws from: printable ASCII and the newline.
 _SAMPLE_CHARSET = "".join(map(chr, range(32, 127))) + "\n"
@@ -34,7 +34,7 @@ MAX_ACTION_CHARS = 16384
 
 
 class ProgramText(spaces.Text):
-    """Strings of ``min_length..max_length`` characters that `sandbox.text.clean_text` keeps unchanged.
+    """Strings of ``min_length..max_length`` characters that `spade_jax.text.clean_text` keeps unchanged.
 
     `contains` accepts any such string (a program's observation may hold any Unicode); `sample`
     draws printable ASCII and newlines, as `spaces.Text` does from its charset.

@@ -8,7 +8,7 @@
 
 A program file is ``{"env_id": ..., "sha256": ..., "source": "..."}``; ``source`` is the admitted
 program byte for byte once decoded (``sha256`` is over its UTF-8 bytes). Every file of a pack is
-written with ``trajectories.export.json_text``, so none holds a literal special token.
+written with ``spade_jax.text.json_text``, so none holds a literal special token.
 
 Standard library only: an installed pack reads this without JAX.
 """

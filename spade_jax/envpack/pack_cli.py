@@ -11,7 +11,7 @@ import sys
 
 from spade_jax.envpack.manifest import PackError
 from spade_jax.envpack.runtime import Pack
-from spade_jax.sandbox.text import display_line
+from spade_jax.text import display_line
 
 
 def _list(pack: Pack) -> int:

@@ -9,7 +9,7 @@
       <name>/programs/*.json    # one program each, JSON-escaped
 
 No file holds a literal special token: the JSON files are written with
-`trajectories.export.json_text` (every ``<``, ``>`` escaped), the package code is fixed text,
+`spade_jax.text.json_text` (every ``<``, ``>`` escaped), the package code is fixed text,
 and the README and pyproject take only sanitized names and numbers from the run, with the
 skill and document id of each environment shown HTML-escaped.
 """
@@ -26,8 +26,7 @@ from pathlib import Path
 import spade_jax
 from spade_jax.envpack.manifest import MANIFEST_FILE, PROGRAMS_DIR, Manifest, PackedEnv, PackError, program_sha256
 from spade_jax.envpack.source import AdmittedEnv
-from spade_jax.sandbox.text import display_line
-from spade_jax.trajectories.export import json_text
+from spade_jax.text import display_line, json_text
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _VERSION = re.compile(r"\d+(\.\d+){0,3}")

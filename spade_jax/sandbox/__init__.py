@@ -8,7 +8,7 @@ The chain, from the trusted side inwards:
   isolation plan (``isolation.py``) and enters namespaces and a private root; its event
   loop (``host.py``) keeps the pool's memory and process budget (a cgroup, ``cgroups.py``,
   else its own measurements, ``usage.py``), enforces deadlines, and checks every message
-  workers send (``validate.py``, ``text.py``) before anything goes back. It forks
+  workers send (``validate.py``; ``spade_jax/text.py``) before anything goes back. It forks
 * the zygote (``zygote.py``), a clean preloaded template that never sees a config or a
   request, which forks
 * one worker per episode (``worker.py``), which runs the program it was sent (and nothing

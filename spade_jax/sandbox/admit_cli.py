@@ -37,7 +37,7 @@ import os
 import sys
 
 from spade_jax.sandbox.records import ISOLATION_LEVELS
-from spade_jax.sandbox.text import clean_text, display_line
+from spade_jax.text import clean_text, display_line
 
 EXIT_ADMITTED, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
 _FIELD_CHARS = 2000  # program-derived fields in the human report

@@ -37,9 +37,9 @@ from spade_jax.sandbox import isolation, usage, zygote
 from spade_jax.sandbox.cgroups import PoolCgroup
 from spade_jax.sandbox.protocol import FrameBuffer, ProtocolError, decode_payload, encode_frame, read_frame, write_all
 from spade_jax.sandbox.records import SandboxConfig, SolutionResult, StepResult
-from spade_jax.sandbox.text import clean_text
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_load, check_message, check_reset,
                                         check_solution, check_step, clip_reward, unwrap)
+from spade_jax.text import clean_text
 
 _OUTPUT_KEEP_BYTES = 16384
 _EXIT_GRACE_S = 0.05

@@ -27,7 +27,7 @@ from spade_jax.sandbox.isolation import IsolationUnavailable
 from spade_jax.sandbox.policy import PolicyError, check_program, extract_code
 from spade_jax.sandbox.pool import SandboxError, SandboxPool
 from spade_jax.sandbox.records import ISOLATION_LEVELS, EpisodeSpec, SandboxConfig, StepResult
-from spade_jax.sandbox.text import clean_text, display_line
+from spade_jax.text import clean_text, display_line
 
 _TEXT_CHARS = 1 << 16  # observations, printed output, solution text
 _LINE_CHARS = 2000  # error messages and names

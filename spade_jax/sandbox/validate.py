@@ -16,7 +16,7 @@ import json
 import math
 
 from spade_jax.sandbox.protocol import OPAQUE_KEY, TUPLE_KEY, ProtocolError
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 MAX_ERROR_CHARS = 4000
 MAX_INFO_BYTES = 65536

@@ -13,7 +13,7 @@
 
 Everything is self-contained (inline CSS and a small inline script, no network) and
 opens from the file system. All model- and environment-written text goes through ``_esc``:
-cleaned first (``sandbox.text.clean_text``: lone surrogates and control characters become
+cleaned first (``spade_jax.text.clean_text``: lone surrogates and control characters become
 U+FFFD, so every page is valid UTF-8 and valid HTML text), then HTML-escaped.
 
 The log's entries are ``runlog.EnvLogEntry`` objects (their fields are documented there).
@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from spade_jax.agent.procedures import PROCEDURES_FILE
-from spade_jax.sandbox.text import clean_text
 from spade_jax.selfplay import console, plots, runlog
 from spade_jax.selfplay.runlog import EnvLogEntry
+from spade_jax.text import clean_text
 
 ENV_PAGES_DIR = "envs"
 PLOTS_DIR = "plots"

@@ -20,7 +20,7 @@ spelling, no control character), whatever the example holds, except an RL task's
 and never text for a prompt. The checker's results are escaped too, and `score_transcript`
 compares a transcript's results escaped the same way.
 
-The files hold no literal special token even so (`json_text`): every ``<`` and ``>`` is
+The files hold no literal special token even so (`spade_jax.text.json_text`): every ``<`` and ``>`` is
 written ``\u003c`` / ``\u003e``, which breaks every special token of the tokenizers the
 project ships (each holds one: the tests read them from the SmolLM2 GGUF and the bootstrap's
 SentencePiece), so a consumer that tokenizes a line whole meets no live chat marker, and
@@ -32,9 +32,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Sequence
 
+from spade_jax.text import json_text
 from spade_jax.trajectories.chains import Call, Chain, EndState, reaches_end_state
 from spade_jax.trajectories.limits import escape_json
 from spade_jax.trajectories.queries import transcript_results
@@ -42,9 +42,6 @@ from spade_jax.trajectories.queries import transcript_results
 SFT_SYSTEM_PROMPT = ("You are a helpful assistant with tools. Call tools to find what the user needs, "
                      "then give the answer as <answer>...</answer>.")
 CHECKER_KIND = "end_state"
-# Written as JSON escapes in exported files: the angle brackets every shipped special token holds,
-# and lone surrogates (designed text may hold them; escaped, the file stays valid UTF-8).
-_ESCAPED_IN_FILES = re.compile("[<>\ud800-\udfff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +102,6 @@ def record_calls(record: dict) -> list[Call]:
     """The tool calls of an SFT record's assistant messages, in order."""
     return [Call(tc["function"]["name"], tc["function"]["arguments"])
             for m in record["messages"] if m.get("role") == "assistant" for tc in m.get("tool_calls") or ()]
-
-
-def json_text(value, **dumps_kwargs) -> str:
-    """``value`` as JSON (`json.dumps` with ``dumps_kwargs``) holding no ``<``, ``>`` or lone
-    surrogate: each is a ``\\uXXXX`` escape, so no special token appears literally and
-    ``json.loads`` returns ``value`` exactly. Outside strings JSON has none of these characters."""
-    text = json.dumps(value, ensure_ascii=False, **dumps_kwargs)
-    return _ESCAPED_IN_FILES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def write_jsonl(path: str, records: Iterable[dict]) -> int:

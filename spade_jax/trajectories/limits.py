@@ -16,7 +16,7 @@ reaches the query writer's prompt or an exported record:
   dropped and counted.
 
 `program_text` is the escaping: valid Unicode without control characters
-(`sandbox.text.clean_text`) and every chat-format special-token spelling broken
+(`spade_jax.text.clean_text`) and every chat-format special-token spelling broken
 (`models.tokenizer.escape_chat_markers`: exported records are read with tokenizers not known
 here). It is idempotent, so text escaped twice is text escaped once.
 """
@@ -24,7 +24,7 @@ here). It is idempotent, so text escaped twice is text escaped once.
 from __future__ import annotations
 
 from spade_jax.models.tokenizer import escape_chat_markers
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 
 MAX_SOURCE_CHARS = 100_000
 MAX_SCHEMA_CHARS = 16_384

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 from spade_jax.agent.rollout import EpisodeRequest
 from spade_jax.envs.tool_use import TOOL_CALL, render_tool_list
-from spade_jax.sandbox.text import clean_text
+from spade_jax.text import clean_text
 from spade_jax.trajectories.chains import Chain, reaches_end_state, replay
 from spade_jax.trajectories.graph import ToolProbe
 from spade_jax.trajectories.limits import program_text

@@ -29,7 +29,7 @@ import json
 import math
 import re
 
-from spade_jax.sandbox.text import display_line
+from spade_jax.text import display_line
 from spade_jax.trajectories.limits import (MAX_PARAMS, MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_SOURCE_CHARS,
                                            MAX_TOOLS, escape_json)
 

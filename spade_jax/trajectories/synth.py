@@ -18,8 +18,8 @@ from pathlib import Path
 
 from spade_jax.envs import library
 from spade_jax.progress import progress_bar
+from spade_jax.text import display_line
 from spade_jax.trajectories.chains import ChainConfig, sample_chains
-from spade_jax.sandbox.text import display_line
 from spade_jax.trajectories.export import Example, record_chars
 from spade_jax.trajectories.graph import ToolGraph, ToolProbe, probe_graph
 from spade_jax.trajectories.limits import MAX_RECORD_CHARS, MAX_RESULT_CHARS, MAX_SOURCE_CHARS

@@ -2,7 +2,8 @@
 
 Environment programs are written by the designer model and are adversarial, so every
 string they produce (observations, info, error messages, printed output, ``solution()``)
-is data. This module makes such strings harmless:
+is data. This module makes such strings harmless wherever they go (the sandbox host, prompts,
+pages, consoles, exported files), so every package may import it:
 
 ``clean_text(text, limit=None)``
     Valid Unicode without control characters, for text that may keep its lines
@@ -21,12 +22,17 @@ is data. This module makes such strings harmless:
     ``\\r``, ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``; at most ``limit`` characters, a longer
     text cut with the same kind of marker. Program text shown this way can never start a
     new line, move the cursor or change colours.
+``json_text(value, **dumps_kwargs)``
+    ``value`` as JSON for a file that tokenizers may read whole: every ``<``, ``>`` and lone
+    surrogate written as a ``\\uXXXX`` escape, so no chat-format special token appears
+    literally, the file is valid UTF-8, and ``json.loads`` returns ``value`` exactly.
 
 Standard library only: the JAX-free sandbox host calls these on every string a worker sends.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 REPLACEMENT = "\ufffd"
@@ -41,6 +47,9 @@ _TABLE = dict.fromkeys(_UNSAFE_CODES, REPLACEMENT)
 _ASCII_TABLE = {code: REPLACEMENT for code in _UNSAFE_CODES if code < 0x80}
 _UNPRINTABLE_PROBE = re.compile(r"[^ -~]")  # anything outside printable ASCII needs a closer look
 _SHORT_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# Written as JSON escapes by json_text: the angle brackets every shipped special token holds,
+# and lone surrogates (designed text may hold them; escaped, the file stays valid UTF-8).
+_ESCAPED_IN_FILES = re.compile("[<>\ud800-\udfff]")
 
 
 def _marker(cut: int) -> str:
@@ -129,4 +138,12 @@ def display_line(text: str, limit: int) -> str:
     return "".join(pieces[:kept]) + marker
 
 
-__all__ = ["REPLACEMENT", "clean_text", "display_line"]
+def json_text(value, **dumps_kwargs) -> str:
+    """``value`` as JSON (`json.dumps` with ``dumps_kwargs``) holding no ``<``, ``>`` or lone
+    surrogate: each is a ``\\uXXXX`` escape, so no special token appears literally and
+    ``json.loads`` returns ``value`` exactly. Outside strings JSON has none of these characters."""
+    text = json.dumps(value, ensure_ascii=False, **dumps_kwargs)
+    return _ESCAPED_IN_FILES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+__all__ = ["REPLACEMENT", "clean_text", "display_line", "json_text"]
