@@ -26,12 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from spade_jax.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
 from spade_jax.bootstrap import build, data  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
 from spade_jax.designer.prompts import designer_answer  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
-from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
 
 
 def bootstrap_renderings() -> list[str]:

@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from spade_jax.admission import AdmissionConfig, admit_batch  # noqa: E402
 from spade_jax.bootstrap import build as bootstrap  # noqa: E402
 from spade_jax.bootstrap import data  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
 from spade_jax.sampling import generate_on_rows  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch  # noqa: E402
 
 
 def _setting(text: str) -> AdmissionConfig:

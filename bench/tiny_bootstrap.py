@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from absl import logging  # noqa: E402
 
+from spade_jax.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
 from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
 from spade_jax.sampling import generate_on_rows  # noqa: E402
 from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
-from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
 from spade_jax.bootstrap import build as bootstrap  # noqa: E402
 from spade_jax.bootstrap import data  # noqa: E402
 

@@ -6,9 +6,9 @@ runs with the default sandbox timeouts beside the other tests.
 
 from pathlib import Path
 
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.envs import library
 from spade_jax.sandbox import SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 EXAMPLES = Path(__file__).parent / "sandbox_examples"
 

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.agent.conversation import Conversation
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, SOLUTION_HINT_PREFIX
 from spade_jax.designer.corpus import Corpus, CorpusConfig
@@ -17,7 +18,6 @@ from spade_jax.designer.prompts import DESIGNER_SYSTEM_PROMPT, designer_answer
 from spade_jax.envs import library
 from spade_jax.models.tokenizer import IM_END, SentencePieceTokenizer, render_chatml
 from spade_jax.sandbox import SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.bootstrap import build as bootstrap
 from spade_jax.bootstrap import data
 from spade_jax.rl.batch import TrainSequence

@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.agent import AgentConfig
 from spade_jax.designer import calibration
 from spade_jax.designer.calibration import CalibrationConfig, calibrate, choose_level, replay_solutions
@@ -18,7 +19,6 @@ from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.sampling import Generation, GenerationStats
 from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.sandbox.policy import PolicyError, difficulty_levels
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import config as config_lib
@@ -266,7 +266,7 @@ def test_memory_state_round_trips_the_new_fields_and_loads_old_states():
 
 def test_the_loop_calibrates_new_designs_plays_them_at_their_level_and_rejects_the_rest(
         tmp_path, small_tokenizer, monkeypatch):
-    from spade_jax.sandbox.admission import AdmissionReport
+    from spade_jax.admission import AdmissionReport
     from test_selfplay import _run_loop, run_log, tiny_selfplay_config
 
     c = tiny_selfplay_config()

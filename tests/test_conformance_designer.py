@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionReport
 from spade_jax.agent import play_episodes
 from spade_jax.designer.rollout import DesignerConfig, DesignSample, assign_slots
 from spade_jax.envs import library
-from spade_jax.sandbox.admission import AdmissionReport
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import loop
 

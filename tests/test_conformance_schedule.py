@@ -6,10 +6,10 @@ the run's last iteration, and hinted plays run only where a pool regenerates."""
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionReport
 from spade_jax.agent import play_episodes
 from spade_jax.designer.rollout import DesignSample
 from spade_jax.envs import library
-from spade_jax.sandbox.admission import AdmissionReport
 from spade_jax.selfplay import loop
 
 

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionConfig
 from spade_jax.agent import AgentConfig, EpisodeRequest, Trajectory, play_episodes
 from spade_jax.envs import library
 from spade_jax.evals import runner
@@ -22,7 +23,6 @@ from spade_jax.evals.suites.envs import EnvironmentSuite
 from spade_jax.selfplay import config as config_lib
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.sandbox.records import StepResult
-from spade_jax.sandbox.admission import AdmissionConfig
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN = "class BrokenEnv:\n    def reset(self, seed=None):\n        return 'x'\n"

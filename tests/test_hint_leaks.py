@@ -5,7 +5,7 @@ A hint leaks when some action it carries wins the instance blind. The checker
 (``\\boxed{..}``, ``<answer>..</answer>``, tool calls), quoted strings, words, numbers and
 the hint's numbers joined as a list, each also written as the env's answer forms; and it
 plays each as one fixed answer, the same every turn, through the env's own reset/step (as
-admission's blind stage plays its fixed answers, `sandbox.probes.blind_script`). None may
+admission's blind stage plays its fixed answers, `admission.probes.blind_script`). None may
 win. The checker is not vacuous: it catches a hint that names the answer as a bare word,
 and mode `solution` (the diagnostic upper bound) leaks on nearly every instance.
 

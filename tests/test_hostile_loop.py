@@ -12,9 +12,9 @@ from pathlib import Path
 from test_selfplay import _tiny_policy, run_log, tiny_selfplay_config
 from test_trajectories import DECOY, DEEP_EXPRESSION, MARKED, NON_JSON_SCHEMAS, REQUIRED_INT, SHARED_CONSTANTS
 
+from spade_jax.admission import AdmissionReport
 from spade_jax.designer.prompts import designer_answer
 from spade_jax.envs import library
-from spade_jax.sandbox.admission import AdmissionReport
 from spade_jax.selfplay import loop
 
 HOSTILE = Path(__file__).parent / "hostile_admission"

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spade_jax.admission import STAGES, AdmissionConfig, admit, admit_batch, blind_verdict
 from spade_jax.envs import library
 from spade_jax.sandbox import SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit, admit_batch, blind_verdict
 from spade_jax.selfplay import config as config_lib
 
 # Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).

@@ -215,10 +215,10 @@ def test_guidance_follows_the_first_observation_of_plain_and_hinted_plays(pool, 
 
 def test_environment_suites_play_with_guidance_and_benchmarks_without(pool, small_tokenizer, canned_sampler,
                                                                       monkeypatch):
+    from spade_jax.admission import AdmissionConfig
     from spade_jax.evals import runner
     from spade_jax.evals.suite import GenerationSettings, Item
     from spade_jax.evals.suites.envs import EnvironmentSuite
-    from spade_jax.sandbox.admission import AdmissionConfig
 
     sample = canned_sampler(small_tokenizer.encode("<answer>1</answer>"))
     played = []
@@ -467,10 +467,10 @@ def test_guidance_is_bounded_in_steps_and_characters_by_the_config():
 @pytest.mark.parametrize("key", ["family", "skill"])
 def test_held_out_scores_with_procedure_memory_are_unchanged_by_a_designed_program_that_claims_their_family(
         tmp_path, random_selfplay, small_tokenizer, canned_sampler, monkeypatch, key):
+    from spade_jax.admission import AdmissionConfig
     from spade_jax.evals import runner
     from spade_jax.evals.suite import GenerationSettings, Item
     from spade_jax.evals.suites.envs import EnvironmentSuite
-    from spade_jax.sandbox.admission import AdmissionConfig
     from spade_jax.selfplay.state import PoolEnv
 
     run = random_selfplay(tmp_path, _heldout_on(key))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from spade_jax.admission import STAGES, AdmissionConfig, admit, admit_batch
+from spade_jax.admission.probes import NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.sandbox import SandboxConfig, SandboxPool, SolutionResult, StepResult
-from spade_jax.sandbox.admission import STAGES, AdmissionConfig, admit, admit_batch
-from spade_jax.sandbox.probes import NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions
 
 # Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
 pytestmark = pytest.mark.serial

@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = Path(__file__).parent / "sandbox_examples"
+ADMIT, PLAY = "spade_jax.admission", "spade_jax.sandbox.play"  # the two commands, run with -m
 GAME = (EXAMPLES / "boxed_game.py").read_text()
 NOISY = (EXAMPLES / "noisy_game.py").read_text()
 
@@ -50,7 +51,7 @@ HOSTILE_PLAY = textwrap.dedent('''
 
 def _cli(module: str, *args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     # text=True decodes strictly as UTF-8 here: invalid output (a lone surrogate) would raise
-    return subprocess.run([sys.executable, "-m", f"spade_jax.sandbox.{module}", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", module, *args], input=stdin,
                           capture_output=True, text=True, encoding="utf-8", timeout=120, cwd=ROOT,
                           env=None if env is None else {**os.environ, **env})
 
@@ -67,7 +68,7 @@ def _one_json(stdout: str) -> dict:
 def test_admit_cli_json_is_one_clean_object(tmp_path):
     noisy = tmp_path / "noisy.py"
     noisy.write_text(NOISY)
-    out = _cli("admit_cli", str(noisy), "--json", "--seeds", "2")
+    out = _cli(ADMIT, str(noisy), "--json", "--seeds", "2")
     assert out.returncode == 0, out.stderr
     report = _one_json(out.stdout)  # exactly one JSON document: nothing the env printed
     assert "NOISE" not in out.stdout and "NOISE" not in out.stderr
@@ -80,17 +81,17 @@ def test_admit_cli_json_is_one_clean_object(tmp_path):
 def test_admit_cli_exit_codes_and_human_report(tmp_path):
     rejected = tmp_path / "rejected.py"
     rejected.write_text("import os\n")
-    out = _cli("admit_cli", str(rejected))
+    out = _cli(ADMIT, str(rejected))
     assert out.returncode == 1
     assert "REJECTED" in out.stdout and "stage:     parse (1/8)" in out.stdout and "isolation:" in out.stdout
     assert "import of 'os' is not allowed" in out.stdout
-    assert _cli("admit_cli", str(EXAMPLES / "tool_env.py")).returncode == 0
-    missing = _cli("admit_cli", str(tmp_path / "missing.py"))
+    assert _cli(ADMIT, str(EXAMPLES / "tool_env.py")).returncode == 0
+    missing = _cli(ADMIT, str(tmp_path / "missing.py"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr and not missing.stdout
-    bogus = _cli("admit_cli", "--bogus-flag", str(rejected))
+    bogus = _cli(ADMIT, "--bogus-flag", str(rejected))
     assert bogus.returncode == 2 and "unrecognized arguments: --bogus-flag" in bogus.stderr and not bogus.stdout
-    assert _cli("admit_cli").returncode == 2
-    assert _cli("admit_cli", str(rejected), "--seeds", "0").returncode == 2
+    assert _cli(ADMIT).returncode == 2
+    assert _cli(ADMIT, str(rejected), "--seeds", "0").returncode == 2
 
 
 def _verdict_lines(stdout: str) -> list[str]:
@@ -102,7 +103,7 @@ def test_admit_cli_verdict_line_cannot_be_spoofed(tmp_path):
                                  ("solution", SPOOF_SOLUTION, "feasibility")):
         path = tmp_path / f"{name}.py"
         path.write_text(program)
-        out = _cli("admit_cli", str(path), "--seeds", "1")
+        out = _cli(ADMIT, str(path), "--seeds", "1")
         assert out.returncode == 1, (name, out.stdout, out.stderr)
         assert _verdict_lines(out.stdout) == ["verdict:   REJECTED"], (name, out.stdout)
         assert f"stage:     {stage} " in out.stdout, (name, out.stdout)
@@ -113,7 +114,7 @@ def test_admit_cli_verdict_line_cannot_be_spoofed(tmp_path):
         assert "ADMITTED\ufffd\ufffd\n" not in reason[0]
         assert len(out.stdout.splitlines()) <= 10  # file, verdict, stage, reason, class, timings, isolation, ...
 
-        js = _cli("admit_cli", str(path), "--seeds", "1", "--json")
+        js = _cli(ADMIT, str(path), "--seeds", "1", "--json")
         assert js.returncode == 1
         report = _one_json(js.stdout)  # ASCII: escapes cannot reach a terminal that cats it
         assert report["admitted"] is False and report["internal_error"] is False
@@ -130,21 +131,22 @@ def test_admit_cli_json_on_errors_is_one_object_with_exit_2(tmp_path):
         (["--seeds", "0"], None, "--seeds must be at least 1"),
     ]
     for extra, env, message in cases:
-        out = _cli("admit_cli", str(program), "--json", *extra, env=env)
+        out = _cli(ADMIT, str(program), "--json", *extra, env=env)
         assert out.returncode == 2, (extra, out.stdout, out.stderr)
         report = _one_json(out.stdout)
         assert report["internal_error"] is True and report["admitted"] is False, extra
         assert message in report["error"], (extra, report)
-    missing = _cli("admit_cli", str(tmp_path / "missing.py"), "--json")
+    missing = _cli(ADMIT, str(tmp_path / "missing.py"), "--json")
     report = _one_json(missing.stdout)
     assert missing.returncode == 2 and report["file"] == str(tmp_path / "missing.py")
     assert report["error"].startswith("cannot read") and report["internal_error"] is True
-    nofile = _cli("admit_cli", "--json")
+    nofile = _cli(ADMIT, "--json")
     assert nofile.returncode == 2 and _one_json(nofile.stdout)["file"] is None
 
 
 def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatch, capfd):
-    from spade_jax.sandbox import admission, admit_cli
+    from spade_jax.admission import __main__ as admit_cli
+    from spade_jax.admission import stages
     from spade_jax.sandbox.pool import SandboxError
 
     program = tmp_path / "game.py"
@@ -154,7 +156,7 @@ def test_admit_main_turns_unexpected_exceptions_into_exit_2(tmp_path, monkeypatc
         def broken(*args, _error=error, **kwargs):
             print("stray output from inside the admission")
             raise _error
-        monkeypatch.setattr(admission, "admit", broken)
+        monkeypatch.setattr(stages, "admit", broken)
         assert admit_cli.main([str(program), "--json"]) == 2
         captured = capfd.readouterr()
         report = _one_json(captured.out)
@@ -176,7 +178,7 @@ def test_play_cli_with_piped_stdin():
     env = scope["SumTargetEnv"]()
     env.reset(4)
     moves = env.solution()
-    out = _cli("play", str(EXAMPLES / "boxed_game.py"), "--seed", "4", stdin=f"\\boxed{{9}}\n:solution\n{moves}\n")
+    out = _cli(PLAY, str(EXAMPLES / "boxed_game.py"), "--seed", "4", stdin=f"\\boxed{{9}}\n:solution\n{moves}\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("SumTargetEnv (seed 4, up to 8 turns)")
     assert "Invalid move" in out.stdout and moves.splitlines()[0] in out.stdout
@@ -186,16 +188,16 @@ def test_play_cli_with_piped_stdin():
 def test_play_cli_refuses_programs_failing_the_policy(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import subprocess\n")
-    out = _cli("play", str(bad), "--seed", "0", stdin="")
+    out = _cli(PLAY, str(bad), "--seed", "0", stdin="")
     assert out.returncode == 1 and "rejected at parse" in out.stderr
-    assert _cli("play", str(bad)).returncode == 2  # --seed is required
-    assert _cli("play", str(tmp_path / "missing.py"), "--seed", "0").returncode == 2
+    assert _cli(PLAY, str(bad)).returncode == 2  # --seed is required
+    assert _cli(PLAY, str(tmp_path / "missing.py"), "--seed", "0").returncode == 2
 
 
 def test_play_cli_shows_hostile_text_as_data(tmp_path):
     program = tmp_path / "hostile.py"
     program.write_text(HOSTILE_PLAY)
-    out = _cli("play", str(program), "--seed", "0", stdin=":solution\nmove\n")
+    out = _cli(PLAY, str(program), "--seed", "0", stdin=":solution\nmove\n")
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\r" not in out.stdout and "\x07" not in out.stdout
     assert "\u202e" not in out.stdout
@@ -205,7 +207,7 @@ def test_play_cli_shows_hostile_text_as_data(tmp_path):
     assert "a\ufffd[2J" in lines and "b\ufffd" in lines  # :solution
     assert out.stdout.rstrip().endswith("=== episode over: reward 1")
 
-    error = _cli("play", str(program), "--seed", "0", stdin="boom\n")
+    error = _cli(PLAY, str(program), "--seed", "0", stdin="boom\n")
     assert error.returncode == 0, error.stderr
     shown = [line for line in error.stdout.splitlines() if line.startswith("--- error")]
     assert len(shown) == 1 and "bad\\nverdict: ok\ufffd[2K" in shown[0], error.stdout
@@ -216,10 +218,10 @@ def test_play_cli_shows_hostile_text_as_data(tmp_path):
 def test_play_cli_start_errors_are_one_line(tmp_path):
     program = tmp_path / "load.py"
     program.write_text(SPOOF_LOAD)
-    out = _cli("play", str(program), "--seed", "0", stdin="")
+    out = _cli(PLAY, str(program), "--seed", "0", stdin="")
     assert out.returncode == 1
     assert "could not start the environment:" in out.stderr and "\x1b" not in out.stderr
     assert not any(line.startswith("verdict") for line in out.stderr.splitlines())
-    denied = _cli("play", str(EXAMPLES / "boxed_game.py"), "--seed", "0", "--isolation", "namespaces", stdin="",
+    denied = _cli(PLAY, str(EXAMPLES / "boxed_game.py"), "--seed", "0", "--isolation", "namespaces", stdin="",
                   env={"SPADE_SANDBOX_NO_NAMESPACES": "1"})
     assert denied.returncode == 2 and denied.stderr.startswith("error: ") and len(denied.stderr.splitlines()) == 1

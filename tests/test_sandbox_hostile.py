@@ -38,8 +38,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.sandbox import EpisodeSpec, IsolationReport, SandboxConfig, SandboxPool, StepResult
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 # Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
 pytestmark = pytest.mark.serial

@@ -356,8 +356,8 @@ def test_host_never_maps_jax():
 
 
 def test_sandbox_and_envs_import_without_jax():
-    code = ("import sys, spade_jax.sandbox, spade_jax.sandbox.admission, spade_jax.sandbox.host_start, "
-            "spade_jax.sandbox.admit_cli, spade_jax.sandbox.play, spade_jax.envs, spade_jax.envs.library; "
+    code = ("import sys, spade_jax.sandbox, spade_jax.admission, spade_jax.admission.__main__, "
+            "spade_jax.sandbox.host_start, spade_jax.sandbox.play, spade_jax.envs, spade_jax.envs.library; "
             "assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax')]")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 

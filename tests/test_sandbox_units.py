@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spade_jax.admission.similarity import code_similarity, fingerprint, normalized_tokens
 from spade_jax.envs import library
 from spade_jax.sandbox import seccomp, validate, worker
 from spade_jax.sandbox.policy import PolicyError, check_program, extract_code, import_refusal
 from spade_jax.sandbox.protocol import (OPAQUE_KEY, TUPLE_KEY, FrameBuffer, ProtocolError, decode_payload,
                                         encode_frame, raw_value)
 from spade_jax.sandbox.records import PROTECTIONS, EpisodeSpec, IsolationReport, SandboxConfig
-from spade_jax.sandbox.similarity import code_similarity, fingerprint, normalized_tokens
 from spade_jax.sandbox.validate import (ContractViolation, EnvFailure, check_info, check_reset, check_solution,
                                         check_step, clip_reward, unwrap)
 

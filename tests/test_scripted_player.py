@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
+from spade_jax.admission import AdmissionReport
 from spade_jax.agent import AgentConfig, EpisodeRequest
 from spade_jax.agent.scripted import ScriptedConfig, play_scripted, solution_actions
 from spade_jax.envs import library
 from spade_jax.designer.rollout import DesignSample
 from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import AdmissionReport
 from spade_jax.selfplay import loop
 
 AGENT = AgentConfig(max_turns=8, max_new_tokens=32, context_budget=1024)

@@ -184,7 +184,7 @@ def test_one_iteration_end_to_end_on_a_tiny_random_model(tmp_path, small_tokeniz
 
 def _admit_everything_as(program):
     """An admission stand-in: every designer sample becomes `program`, admitted."""
-    from spade_jax.sandbox.admission import AdmissionReport
+    from spade_jax.admission import AdmissionReport
 
     def admit(samples, pool, memory, admission, seed=None, earlier=()):
         report = AdmissionReport(admitted=True, stage="novelty", reason="", code=program)
@@ -302,7 +302,7 @@ def test_a_run_survives_designs_that_kill_their_worker_or_attack_the_host(tmp_pa
     monkeypatch.setattr(loop, "propose", hostile_propose)
     if admitted:
         c.agent.replay_envs = 0
-        from spade_jax.sandbox.admission import AdmissionReport
+        from spade_jax.admission import AdmissionReport
 
         def admit_as_written(samples, pool, memory, admission, **unused):
             return [dataclasses.replace(s, report=AdmissionReport(True, "novelty", "", code=p))

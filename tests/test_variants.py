@@ -12,9 +12,9 @@ import statistics
 
 import pytest
 
+from spade_jax.admission.similarity import code_similarity, fingerprint, jaccard
 from spade_jax.envs import library
 from spade_jax.bootstrap import variants
-from spade_jax.sandbox.similarity import code_similarity, fingerprint, jaccard
 
 PROBES = ["", "junk", "\\boxed{1}", "\\boxed{A}", "\\boxed{up}", "\\boxed{flip 1}", "\\boxed{answer 1 2}",
           "<answer>1</answer>", '<tool_call>{"name": "roads", "arguments": {"town": "A"}}</tool_call>']

@@ -36,7 +36,8 @@ PACKAGE = "spade_jax"
 LAYERS = (
     ("base", ("spade_jax", "spade_jax.seeds", "spade_jax.progress", "spade_jax.jsonable", "spade_jax.compile_cache",
               "spade_jax.text")),
-    ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.envs")),
+    ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.admission",
+              "spade_jax.envs")),
     ("roles", ("spade_jax.agent", "spade_jax.designer")),
     ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),
     ("run", ("spade_jax.selfplay",)),

@@ -43,6 +43,7 @@ import spade_jax.agent.conversation
 import spade_jax.designer.memory
 import spade_jax.designer.prompts
 import spade_jax.models.tokenizer
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.agent import strategy
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
 from spade_jax.designer.corpus import PACKAGED_CORPUS, Corpus, CorpusConfig
@@ -56,7 +57,6 @@ from spade_jax.models.sharding import TRAIN_RULES
 from spade_jax.rl.batch import ROLE_IDS, TrainBatch, TrainSequence, pack
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
 from spade_jax.sandbox import SandboxConfig, SandboxPool
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 from spade_jax.bootstrap import data, variants
 
 BOOTSTRAP_VERSION = "3"  # 2: parameters per layer (layers/{i}/...); 3: weights stored (out, in)

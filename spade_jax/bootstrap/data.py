@@ -31,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from spade_jax.admission.similarity import fingerprint, jaccard
 from spade_jax.agent.conversation import Conversation
 from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, HINT_SEPARATOR, solution_hint
 from spade_jax.agent.strategy import strategy_hint
@@ -42,7 +43,6 @@ from spade_jax.envs.contract import is_success
 from spade_jax.rl.batch import TrainSequence
 from spade_jax.sandbox import EpisodeSpec, SandboxPool
 from spade_jax.bootstrap.variants import vary
-from spade_jax.sandbox.similarity import fingerprint, jaccard
 
 
 def seeded_memory(capacity: int = 200) -> EnvironmentMemory:

@@ -2,7 +2,7 @@
 
 The tiny preset's bootstrap trains its designer on these so that the programs it writes
 are not near-duplicates of the archived seed sources. Admission's novelty stage compares
-programs by normalised-token shingles (`spade_jax.sandbox.similarity`): identifiers,
+programs by normalised-token shingles (`spade_jax.admission.similarity`): identifiers,
 strings and numbers are all alike there, so renaming or rewording changes nothing and
 only the *shape* of the code counts. Every rewrite below changes shape and keeps what
 the agent sees: observations, rewards, termination and `solution()` are those of the

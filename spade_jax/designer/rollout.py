@@ -21,12 +21,12 @@ from typing import Sequence
 
 import numpy as np
 
+from spade_jax.admission import AdmissionConfig, AdmissionReport, admit_batch
 from spade_jax.designer.corpus import Corpus
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.prompts import DIFFICULTIES, PromptConfig, slot_messages
 from spade_jax.envs.library import SKILLS
 from spade_jax.sampling.chat import complete_chats
-from spade_jax.sandbox.admission import AdmissionConfig, AdmissionReport, admit_batch
 
 
 @dataclasses.dataclass(frozen=True)

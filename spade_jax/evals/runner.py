@@ -20,13 +20,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from spade_jax.admission import AdmissionConfig
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.agent.actions import parse_action
 from spade_jax.evals.bounded import BudgetRecord, reply_budgets
 from spade_jax.evals.registry import make_suite, registered
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, Suite, SuiteUnavailable
 from spade_jax.progress import progress_bar
-from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.sampling.chat import complete_chats
 from spade_jax.seeds import derive_seed
 from spade_jax.jsonable import jsonable

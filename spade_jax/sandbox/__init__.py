@@ -17,11 +17,11 @@ The chain, from the trusted side inwards:
   capabilities), Landlock (``landlock.py``), then a seccomp filter (``seccomp.py``).
 
 Each layer is applied where the kernel grants it; ``IsolationReport`` says which are in
-force (``isolation="strict"`` refuses to start without all of them). On top:
-``policy.py`` (the static import policy), ``admission.py`` (staged admission of new
-programs; ``probes.py``, the actions it plays), ``admit_cli.py`` / ``play.py`` (command
-lines). Standard library (+ numpy in
-workers) only.
+force (``isolation="strict"`` refuses to start without all of them). On top: ``policy.py``
+(the import policy, checked statically before a program is sent and enforced by workers) and
+``play.py`` (a command line that plays one program). Which programs are worth running is
+admission's question (`spade_jax.admission`, a package above this one). Standard library (+
+numpy in workers) only.
 """
 
 from spade_jax.sandbox.isolation import IsolationUnavailable

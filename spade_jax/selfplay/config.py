@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from spade_jax.admission import AdmissionConfig
 from spade_jax.agent import AgentConfig, HintConfig
 from spade_jax.agent.procedures import ProcedureConfig
 from spade_jax.agent.scripted import PLAYERS, ScriptedConfig
@@ -38,7 +39,6 @@ from spade_jax.models.sampling_weights import SAMPLING_DTYPES
 from spade_jax.rl.rewards import DesignerRewardConfig
 from spade_jax.rl.train import LossConfig, OptimConfig
 from spade_jax.sandbox import SandboxConfig
-from spade_jax.sandbox.admission import AdmissionConfig
 from spade_jax.trajectories.synth import SynthConfig
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")

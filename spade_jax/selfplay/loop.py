@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from spade_jax.admission import STAGES
 from spade_jax.agent import matched_requests, play_episodes, write_hints
 from spade_jax.agent.rollout import RolloutStats
 from spade_jax.agent.scripted import play_scripted
@@ -38,7 +39,6 @@ from spade_jax.envs.contract import EPISODE_SEED_SPACE, is_success
 from spade_jax.rl.batch import TrainSequence, pack
 from spade_jax.rl.train import Trainer
 from spade_jax.sandbox import SandboxPool
-from spade_jax.sandbox.admission import STAGES
 from spade_jax.seeds import derive_seed
 from spade_jax.selfplay import components as components_lib
 from spade_jax.selfplay import config as config_lib

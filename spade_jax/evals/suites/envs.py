@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.evals.registry import register
 from spade_jax.evals.suite import Context, GenerationSettings, Item, Score, SuiteUnavailable, spread
-from spade_jax.sandbox.admission import AdmissionConfig, admit_batch
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Admit one environment program from the command line.
 
-    python -m spade_jax.sandbox.admit_cli FILE [--json] [--seeds N] [--max-turns N]
-                                           [--archive FILE ...] [--isolation auto|namespaces|rlimits]
+    python -m spade_jax.admission FILE [--json] [--seeds N] [--max-turns N]
+                                  [--archive FILE ...] [--isolation auto|namespaces|rlimits]
 
 FILE is a program or a model reply containing one (a fenced python block). Prints the stage
 reached, the verdict, the reason, per-stage timings and the isolation in force.
@@ -58,7 +58,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m spade_jax.sandbox.admit_cli",
+    parser = _Parser(prog="python -m spade_jax.admission",
                      description="Run the staged sandbox admission on one environment program.")
     parser.add_argument("file", help="program source, or model text with a fenced python block")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
@@ -83,7 +83,7 @@ def _line(value, limit: int = _FIELD_CHARS) -> str:
 
 
 def _human(report: dict, path: str) -> str:
-    from spade_jax.sandbox.admission import STAGES
+    from spade_jax.admission.stages import STAGES
 
     stage = report["stage"]
     stage_no = f" ({STAGES.index(stage) + 1}/{len(STAGES)})" if stage in STAGES else ""
@@ -142,7 +142,7 @@ def _emit_json(obj: dict) -> None:
 
 def _run(args) -> dict:
     """The admission report of ``args.file`` as a dict; raises on anything that is not a verdict."""
-    from spade_jax.sandbox.admission import AdmissionConfig, admit
+    from spade_jax.admission.stages import AdmissionConfig, admit
     from spade_jax.sandbox.records import SandboxConfig
 
     text = _read(args.file)

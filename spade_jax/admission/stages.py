@@ -2,7 +2,7 @@
 
 Eight named stages, stopping at the first failure, each failure with a reason. Every stage
 that plays judges every declared difficulty level (``DIFFICULTY_LEVELS``, read by
-``policy.difficulty_levels``, each constructed with ``difficulty=<level>``) as it judges the
+``sandbox.policy.difficulty_levels``, each constructed with ``difficulty=<level>``) as it judges the
 default: calibration may choose any of them for training.
 
 1. parse        extract the program from the model's text, parse it, apply the import policy
@@ -57,7 +57,7 @@ loses the host again alone is rejected ("crashed the sandbox host"), the others 
 on their solo runs.
 
 ``admit_batch`` runs each stage for all surviving candidates at once, so their episodes run
-concurrently over the pool. Type and range checks are the sandbox's (``validate.py``).
+concurrently over the pool. Type and range checks are the sandbox's (``sandbox/validate.py``).
 
     report = admit(model_text, AdmissionConfig(num_seeds=3), archive=[src, ...], seed=None)
     report.admitted, report.stage, report.reason, report.timings, report.to_dict()
@@ -73,13 +73,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spade_jax.admission.probes import (NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions,
+                                        solution_answer)
+from spade_jax.admission.similarity import SHINGLE_TOKENS, code_similarity, fingerprint, jaccard
 from spade_jax.envs.contract import EPISODE_SEED_SPACE, SUCCESS_REWARD, is_success
 from spade_jax.sandbox.policy import PolicyError, check_program, difficulty_levels, extract_code
 from spade_jax.sandbox.pool import SandboxPool
-from spade_jax.sandbox.probes import (NOOP_ACTIONS, answer_key, blind_script, fixed_answers, random_actions,
-                                      solution_answer)
 from spade_jax.sandbox.records import EpisodeSpec, SandboxConfig, SolutionResult, StepResult
-from spade_jax.sandbox.similarity import SHINGLE_TOKENS, code_similarity, fingerprint, jaccard
 
 STAGES = ("parse", "load", "contract", "determinism", "not_trivial", "feasibility", "blind", "novelty")
 NOVELTY_MODES = ("constants", "structure", "off")
