@@ -7,7 +7,6 @@ import pytest
 
 from spade_jax.agent import AgentConfig, EpisodeRequest, play_episodes
 from spade_jax.agent.procedures import (
-    PROCEDURES_FILE,
     ProcedureConfig,
     ProcedureMemory,
     Step,
@@ -20,6 +19,7 @@ from spade_jax.agent.procedures import (
 from spade_jax.agent.rollout import GUIDANCE_SEPARATOR, HINT_SEPARATOR
 from spade_jax.envs import library
 from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.selfplay.components.procedures import PROCEDURES_FILE
 
 
 def _messages(*turns):

@@ -87,7 +87,6 @@ KEYS = ("skill", "family")
 STAGES = ("progress", "error", "win", "loss", "cut")
 BOXED_SHAPES = ("empty", "number", "expression", "list", "word", "text")
 ERROR_PREFIXES = ("error", "invalid", "unknown", "no tool call")
-PROCEDURES_FILE = "procedures.json"  # the memory's summary in the workdir, for the gallery
 GUIDANCE_PREFIX = "A procedure that won before (reliability {reliability:.2f}):"
 MAX_STEPS, MAX_CHARS = 16, 1000  # the most steps and characters any configuration renders
 SEED, DESIGNED = "seed", "designed"  # `provenance`: a seed-library program, any other program

@@ -4,28 +4,24 @@ Presets in `configs/` call `base_config()` and override fields; `validate` runs 
 any work and stops with one message naming the field to fix. Each stage receives its
 own small frozen dataclass (`designer_config`, `agent_config`, ...), so stages never read
 the ConfigDict. A stage's section is made from its dataclass (`section`) and read back
-into it (`from_section`): each default is written once, in the dataclass, and every
-field of it can be set from the command line. The loop's own knobs (how many episodes,
-replays, weights) are written here, beside the stage fields of the same section.
+into it (`from_section`, both in `sections.py`): each default is written once, in the
+dataclass, and every field of it can be set from the command line. The loop's own knobs (how
+many episodes, replays, weights) are written here, beside the stage fields of the same
+section. A side system's section is its component's (`components.SECTIONS`), added here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
-import typing
-from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
 from spade_jax.admission import AdmissionConfig
 from spade_jax.agent import AgentConfig, HintConfig
-from spade_jax.agent.procedures import ProcedureConfig
 from spade_jax.agent.scripted import PLAYERS, ScriptedConfig
 from spade_jax.bootstrap import BootstrapConfig
-from spade_jax.designer.calibration import CalibrationConfig
 from spade_jax.designer.corpus import CorpusConfig
 from spade_jax.designer.memory import RETIRED_SETTINGS, EnvironmentMemory, RotationConfig
 from spade_jax.designer.prompts import PromptConfig
@@ -39,7 +35,8 @@ from spade_jax.models.sampling_weights import SAMPLING_DTYPES
 from spade_jax.rl.rewards import DesignerRewardConfig
 from spade_jax.rl.train import LossConfig, OptimConfig
 from spade_jax.sandbox import SandboxConfig
-from spade_jax.trajectories.synth import SynthConfig
+from spade_jax.selfplay.components import SECTIONS
+from spade_jax.selfplay.sections import field_defaults, from_section, section
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
 # Switches for spade_jax's earlier rules, retired: field -> (the value that meant today's rule, the
@@ -60,58 +57,6 @@ RETIRED = {
     "hints.max_sentences": (0, "e332701"),
     "hints.max_code_chars": (0, "e332701"),
 }
-_SCALARS = {"int": int, "float": float, "bool": bool, "str": str}
-
-
-def _defaults(target) -> dict[str, tuple[Any, Any]]:
-    """``{name: (default, annotation)}`` of a dataclass's fields or a class's keyword arguments."""
-    if dataclasses.is_dataclass(target):
-        hints = typing.get_type_hints(target)
-        out = {}
-        for f in dataclasses.fields(target):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            out[f.name] = (default, hints.get(f.name))
-        return out
-    parameters = inspect.signature(target).parameters.values()
-    return {p.name: (p.default, p.annotation) for p in parameters if p.default is not inspect.Parameter.empty}
-
-
-def _config_value(default: Any, annotation: Any) -> Any:
-    """``default`` as a ConfigDict value: dataclasses become sections, None a typed placeholder."""
-    if dataclasses.is_dataclass(default):
-        return section(type(default), **{k: getattr(default, k) for k in _defaults(type(default))})
-    if default is None:
-        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return config_dict.placeholder(kinds[0] if len(kinds) == 1 else object)
-    return default
-
-
-def section(target, *, exclude: tuple[str, ...] = (), **values: Any) -> ml_collections.ConfigDict:
-    """A config section holding the defaults of ``target`` (a dataclass or a class) less ``exclude``.
-
-    ``values`` override those defaults or add the loop's own fields beside them.
-    """
-    fields = {name: _config_value(default, annotation)
-              for name, (default, annotation) in _defaults(target).items() if name not in exclude}
-    for name, value in values.items():
-        fields[name] = _config_value(value, None) if dataclasses.is_dataclass(value) else value
-    return ml_collections.ConfigDict(fields)
-
-
-def from_section(target, cfg: ml_collections.ConfigDict, **overrides: Any):
-    """``target`` built from the fields of ``cfg`` it declares (lists as tuples, nested dataclasses
-    from their sub-sections), then ``overrides``. Other fields of the section are the loop's."""
-    values = {}
-    for name, (default, _) in _defaults(target).items():
-        if name in overrides or name not in cfg:
-            continue
-        value = cfg[name]
-        if dataclasses.is_dataclass(default):
-            value = from_section(type(default), value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
-    return target(**values, **overrides)
 
 
 def reference_recipe(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -206,8 +151,6 @@ def base_config() -> ml_collections.ConfigDict:
     # `retire_*`: rotation of mastered records out of replay (`RotationConfig`).
     c.memory = section(EnvironmentMemory, seed_library=True, enabled=True, heldout=())
     c.memory.update(section(RotationConfig))
-    # Solver-relative difficulty calibration of new designs.
-    c.calibration = section(CalibrationConfig)
     c.hints = section(HintConfig)
     # Plays per environment as the reference sizes them: `episodes_per_env` plain plays every
     # iteration (its global batch / games: 192 / 24 = 8), and `hinted_episodes_per_env` hinted
@@ -220,7 +163,6 @@ def base_config() -> ml_collections.ConfigDict:
         regret_weighting=False,
         regret_temperature=1.0,
         replay_envs=0,  # environments replayed from memory each iteration besides the new pool
-        procedure_memory=ProcedureConfig(),  # ProPlay-style preplay guidance (`agent/procedures.py`)
         # Who plays: "policy" (the method), or for studies of the designer alone "scripted", a
         # player of each program's own solution whose frontier is known (`agent/scripted.py`).
         player="policy",
@@ -233,10 +175,6 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Held-out evaluation (`spade_jax.evals`): which suites, how often; per-suite sampling in
     # `eval.generation.<prefix>` (dashes in a prefix become underscores).
-    # Tool-use trajectory synthesis (`spade_jax/trajectories/`) from the tool-use environments in
-    # memory, every `every` iterations (0: never), the newest `max_envs` of them; files in
-    # <workdir>/trajectories/<step>/. The policy writes the queries and plays the calibrating agent.
-    c.trajectories = section(SynthConfig, exclude=("seed",), every=0, max_envs=8)
 
     c.eval = section(EvalConfig, exclude=("admission",), seed=config_dict.placeholder(int))  # unset: `seed`
     c.eval.generation = ml_collections.ConfigDict(
@@ -246,6 +184,14 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict(dict(every=1, keep=3, async_save=True))
     c.log = ml_collections.ConfigDict(dict(gallery=True, progress=True))
+    # The side systems' own sections (`calibration`, `agent.procedure_memory`, `trajectories`),
+    # each written beside its component (`selfplay/components/`).
+    for side in SECTIONS:
+        *parents, name = side.path.split(".")
+        parent = c
+        for part in parents:
+            parent = parent[part]
+        parent[name] = side.make()
     c.lock()  # a preset that sets a field that does not exist fails (`with c.unlocked():` adds sections)
     return c
 
@@ -281,20 +227,8 @@ def agent_config(c) -> AgentConfig:
     return from_section(AgentConfig, c.agent)
 
 
-def procedure_config(c) -> ProcedureConfig:
-    return from_section(ProcedureConfig, c.agent.procedure_memory)
-
-
 def scripted_config(c) -> ScriptedConfig:
     return from_section(ScriptedConfig, c.agent.scripted)
-
-
-def calibration_config(c) -> CalibrationConfig:
-    return from_section(CalibrationConfig, c.calibration)
-
-
-def synth_config(c) -> SynthConfig:
-    return from_section(SynthConfig, c.trajectories, seed=c.seed)
 
 
 def hint_config(c) -> HintConfig:
@@ -338,7 +272,7 @@ def bootstrap_config(c) -> BootstrapConfig:
     """`config.bootstrap` (less `cache_dir`) with the run's designer prompt; ValueError names a bad field."""
     if "bootstrap" not in c:
         raise ValueError("config.bootstrap: model.source='bootstrap' needs a bootstrap section (see configs/tiny.py)")
-    unknown = sorted(set(c.bootstrap) - set(_defaults(BootstrapConfig)) - {"cache_dir", "prompt"})
+    unknown = sorted(set(c.bootstrap) - set(field_defaults(BootstrapConfig)) - {"cache_dir", "prompt"})
     if unknown:
         raise ValueError(f"config.bootstrap: unknown field(s) {unknown}")
     try:
@@ -350,10 +284,10 @@ def bootstrap_config(c) -> BootstrapConfig:
 _STAGES = (
     ("designer", designer_config), ("designer.prompt", prompt_config), ("designer.review", review_config),
     ("designer.reward", reward_config), ("admission", admission_config), ("sandbox", sandbox_config),
-    ("agent", agent_config), ("agent.procedure_memory", procedure_config),
-    ("agent.scripted", scripted_config), ("hints", hint_config),
-    ("corpus", corpus_config), ("memory", memory), ("memory", rotation_config), ("calibration", calibration_config),
-    ("rl", optim_config), ("rl", loss_config), ("trajectories", synth_config), ("eval", eval_config), ("eval.generation", eval_generation),
+    ("agent", agent_config), ("agent.scripted", scripted_config), ("hints", hint_config),
+    ("corpus", corpus_config), ("memory", memory), ("memory", rotation_config),
+    ("rl", optim_config), ("rl", loss_config), ("eval", eval_config), ("eval.generation", eval_generation),
+    *((side.path, side.read) for side in SECTIONS),
 )
 
 
@@ -412,9 +346,6 @@ def validate(c: ml_collections.ConfigDict, num_devices: int) -> None:
         _fail("designer.max_attempts", f"must be >= 1, got {c.designer.max_attempts}")
     if c.rl.row_length < c.agent.context_budget:
         _fail("rl.row_length", f"must be >= agent.context_budget ({c.agent.context_budget}) so episodes fit a row")
-    if c.trajectories.every < 0 or c.trajectories.max_envs < 1:
-        _fail("trajectories", f"every must be >= 0 (0: never) and max_envs >= 1, got {c.trajectories.every}, "
-                              f"{c.trajectories.max_envs}")
     if c.rl.updates_per_iteration < 1:
         _fail("rl.updates_per_iteration", f"must be >= 1, got {c.rl.updates_per_iteration}")
     if c.checkpoint.every < 1 or c.checkpoint.keep < 1:

@@ -37,8 +37,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from spade_jax.agent.procedures import PROCEDURES_FILE
 from spade_jax.selfplay import console, plots, runlog
+from spade_jax.selfplay.components.procedures import PROCEDURES_FILE
 from spade_jax.selfplay.runlog import EnvLogEntry
 from spade_jax.text import clean_text
 

@@ -81,7 +81,9 @@ class SelfPlay:
         self.state = LoopState()
         self.lifecycle = Lifecycle(self, config, workdir, self.main)
         self.context = components_lib.Context(config, self.lifecycle.workdir, self.sampler, self.pool, self.agent_cfg,
-                                              self.main, memory_records=lambda: self.memory.records())
+                                              self.main, memory_records=lambda: self.memory.records(),
+                                              eval_cfg=config_lib.eval_config(config),
+                                              eval_generation=config_lib.eval_generation(config))
         self.components = components_lib.build(self.context, registry or components_lib.REGISTRY)
 
     def run(self, num_iterations: int | None = None) -> list[dict]:

@@ -2,8 +2,12 @@
 
 A side system is a file in this package with a `build(context) -> component | None` (None when
 its config switches it off) returning one of the interfaces of `base.py`, named by its `kind`
-("admission", "agent" or "job"). Adding one is that
-file, its config section and one line below; the loop is not touched.
+("admission", "agent" or "job"). Adding one is that file, one line in `REGISTRY` and, for
+settings of its own, its `SECTION` in `SECTIONS` (the run config adds the section); neither the
+loop nor the run config is touched.
+
+The related systems (calibration, procedure memory, trajectory synthesis: methods of other
+papers, not SPADE) are joined to the run only here: no other module of the core imports them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from spade_jax.selfplay.components import calibration, evaluation, procedures, synthesis
 from spade_jax.selfplay.components.base import (PHASES, AdmissionStage, AgentComponent, Context, PeriodicJob,
-                                                merge_metrics)
+                                                Section, merge_metrics)
 
 REGISTRY = (
     calibration.build,  # admission stage: difficulty calibration against the current agent
@@ -21,6 +25,8 @@ REGISTRY = (
     synthesis.build,  # periodic job: tool-use trajectory synthesis
     evaluation.build,  # periodic job: held-out evaluation
 )
+# The side systems' own sections of the run config (held-out evaluation's, `eval`, is the config's).
+SECTIONS: tuple[Section, ...] = (calibration.SECTION, procedures.SECTION, synthesis.SECTION)
 
 
 @dataclasses.dataclass
@@ -68,5 +74,5 @@ def _first(texts) -> str | None:
     return next((t for t in texts if t is not None), None)
 
 
-__all__ = ["PHASES", "REGISTRY", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob", "build",
-           "merge_metrics"]
+__all__ = ["PHASES", "REGISTRY", "SECTIONS", "AdmissionStage", "AgentComponent", "Components", "Context", "PeriodicJob",
+           "Section", "build", "merge_metrics"]

@@ -12,7 +12,8 @@
 
 A component with `state_key` is checkpointed: `to_state()` is saved under that key of the
 checkpoint's metadata and `load_state(state)` puts it back (`None` for a checkpoint made
-without it). Components never see the loop; they get a `Context` when they are built.
+without it). Components never see the loop; they get a `Context` when they are built. A side
+system with settings of its own declares their config `Section` beside its code.
 """
 
 from __future__ import annotations
@@ -30,11 +31,24 @@ PHASES = {"design": 1, "hints": 2, "episodes": 3, "review": 4, "replay": 5, "adm
           "trajectories": 8}
 
 
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A side system's settings in the run config: the section at `path` ("calibration",
+    "agent.procedure_memory"), made with its defaults by `make()` and read back by `read(config)`
+    (a ValueError names what is wrong; the run config's validation prefixes the path)."""
+
+    path: str
+    make: Callable[[], ml_collections.ConfigDict]
+    read: Callable[[ml_collections.ConfigDict], Any]
+
+
 @dataclasses.dataclass
 class Context:
     """The run's pieces a side system may use. `policy` is the one to sample with (the trainer's
     `sampling_policy`); `memory_records` reads the live memory (a resume replaces it);
-    `heldout_guidance` is the agent components' text for a held-out program."""
+    `eval_cfg` and `eval_generation` are held-out evaluation's settings (`config.eval_config`,
+    `config.eval_generation`); `heldout_guidance` is the agent components' text for a held-out
+    program."""
 
     config: ml_collections.ConfigDict
     workdir: str
@@ -43,6 +57,8 @@ class Context:
     agent_cfg: Any
     main: bool
     memory_records: Callable[[], Sequence[Any]]
+    eval_cfg: Any = None
+    eval_generation: dict[str, Any] = dataclasses.field(default_factory=dict)
     heldout_guidance: Callable[[str], str | None] | None = None
 
     @property

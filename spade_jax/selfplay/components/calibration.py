@@ -8,10 +8,14 @@ from typing import Sequence
 
 import numpy as np
 
-from spade_jax.designer.calibration import STAGE, calibrate
-from spade_jax.selfplay import config as config_lib
-from spade_jax.selfplay.components.base import Context
+from spade_jax.designer.calibration import STAGE, CalibrationConfig, calibrate
+from spade_jax.selfplay.components.base import Context, Section
 from spade_jax.selfplay.console import phase_bar
+from spade_jax.selfplay.sections import from_section, section
+
+# Solver-relative difficulty calibration of new designs: `config.calibration`.
+SECTION = Section("calibration", lambda: section(CalibrationConfig),
+                  lambda c: from_section(CalibrationConfig, c.calibration))
 
 
 class CalibrationStage:
@@ -23,7 +27,7 @@ class CalibrationStage:
 
     def __init__(self, context: Context):
         self.context = context
-        self.cfg = config_lib.calibration_config(context.config)
+        self.cfg = SECTION.read(context.config)
 
     def __call__(self, designs: Sequence, iteration: int) -> dict[str, float]:
         ctx = self.context

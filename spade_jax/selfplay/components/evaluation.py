@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 from spade_jax.evals import runner
-from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay.components.base import Context
 
 
@@ -18,8 +17,8 @@ class Evaluation:
 
     def __init__(self, context: Context):
         self.context = context
-        self.cfg = config_lib.eval_config(context.config)
-        self.generation = config_lib.eval_generation(context.config)
+        self.cfg = context.eval_cfg
+        self.generation = context.eval_generation
         self.every = self.cfg.every
         self.evaluator: runner.Evaluator | None = None  # built (suites listed) at the first evaluation
 
@@ -36,5 +35,5 @@ class Evaluation:
 
 
 def build(context: Context) -> Evaluation | None:
-    cfg = config_lib.eval_config(context.config)
-    return Evaluation(context) if cfg.every and cfg.specs else None
+    cfg = context.eval_cfg
+    return Evaluation(context) if cfg is not None and cfg.every and cfg.specs else None

@@ -7,9 +7,14 @@ import json
 import os
 from typing import Sequence
 
-from spade_jax.agent.procedures import PROCEDURES_FILE, SEED, ProcedureMemory, abstract, provenance
-from spade_jax.selfplay import config as config_lib
-from spade_jax.selfplay.components.base import Context
+from spade_jax.agent.procedures import SEED, ProcedureConfig, ProcedureMemory, abstract, provenance
+from spade_jax.selfplay.components.base import Context, Section
+from spade_jax.selfplay.sections import from_section, section
+
+PROCEDURES_FILE = "procedures.json"  # the memory's summary in the workdir, for the gallery
+# ProPlay-style preplay guidance: `config.agent.procedure_memory`.
+SECTION = Section("agent.procedure_memory", lambda: section(ProcedureConfig),
+                  lambda c: from_section(ProcedureConfig, c.agent.procedure_memory))
 
 
 class Procedures:
@@ -19,7 +24,7 @@ class Procedures:
 
     def __init__(self, context: Context):
         self.context = context
-        self.cfg = config_lib.procedure_config(context.config)
+        self.cfg = SECTION.read(context.config)
         self.memory = ProcedureMemory(self.cfg)
         self.heldout = tuple(context.config.memory.heldout)
 
@@ -73,4 +78,4 @@ class Procedures:
 
 
 def build(context: Context) -> Procedures | None:
-    return Procedures(context) if config_lib.procedure_config(context.config).enabled else None
+    return Procedures(context) if SECTION.read(context.config).enabled else None

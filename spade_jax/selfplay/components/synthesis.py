@@ -9,10 +9,22 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from spade_jax.selfplay import config as config_lib
-from spade_jax.selfplay.components.base import Context
+from spade_jax.selfplay.components.base import Context, Section
+from spade_jax.selfplay.sections import from_section, section
 from spade_jax.trajectories import run as synthesis
-from spade_jax.trajectories.synth import synthesize
+from spade_jax.trajectories.synth import SynthConfig, synthesize
+
+
+def _read(c) -> SynthConfig:
+    if c.trajectories.every < 0 or c.trajectories.max_envs < 1:
+        raise ValueError(f"every must be >= 0 (0: never) and max_envs >= 1, got {c.trajectories.every}, "
+                         f"{c.trajectories.max_envs}")
+    return from_section(SynthConfig, c.trajectories, seed=c.seed)
+
+
+# `config.trajectories`: synthesis's settings (its seed is the run's), and how often (`every`, 0: never)
+# from how many of the newest tool-use environments (`max_envs`).
+SECTION = Section("trajectories", lambda: section(SynthConfig, exclude=("seed",), every=0, max_envs=8), _read)
 
 
 class Synthesis:
@@ -22,7 +34,7 @@ class Synthesis:
 
     def __init__(self, context: Context):
         self.context = context
-        self.cfg = config_lib.synth_config(context.config)
+        self.cfg = SECTION.read(context.config)
         self.every = context.config.trajectories.every
         self.max_envs = context.config.trajectories.max_envs
 
