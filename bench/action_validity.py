@@ -18,7 +18,7 @@ import collections
 import json
 from pathlib import Path
 
-from spade_jax.agent.procedures import observation_stage
+from spade_jax.related.procedures.memory import observation_stage
 
 
 def family_counts(rows: list[dict]) -> dict[str, tuple[int, int, int, int]]:

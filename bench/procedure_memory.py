@@ -28,11 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from spade_jax.agent import EpisodeRequest, play_episodes  # noqa: E402
-from spade_jax.agent.procedures import ProcedureConfig, ProcedureMemory, abstract  # noqa: E402
 from spade_jax.bootstrap.build import BootstrapError, cache_path, load_bootstrap  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
 from spade_jax.envs.contract import EPISODE_SEED_SPACE  # noqa: E402
 from spade_jax.evals import runner  # noqa: E402
+from spade_jax.related.procedures.memory import ProcedureConfig, ProcedureMemory, abstract  # noqa: E402
 from spade_jax.sandbox import SandboxPool  # noqa: E402
 from spade_jax.seeds import derive_seed  # noqa: E402
 from spade_jax.selfplay import config as config_lib  # noqa: E402

@@ -2,7 +2,7 @@
 
 From the seed library's tool-use programs the tiny bootstrap trains on, trajectories are
 synthesized with the bootstrapped policy (query writer and greedy calibrating agent; see
-`spade_jax.trajectories`), one table row per environment (chains, queries, spelled out,
+`spade_jax.related.trajectories`), one table row per environment (chains, queries, spelled out,
 kept, acceptance, verified by agent / reference). The policy is then trained for ``--steps``
 supervised steps (objective "nll" on the assistant turns, the rollout's conversation format:
 query + tool list, one tool call per turn, tool results as observations) on the kept
@@ -37,14 +37,14 @@ from spade_jax.bootstrap import BootstrapConfig, build as bootstrap  # noqa: E40
 from spade_jax.bootstrap import data  # noqa: E402
 from spade_jax.envs import library  # noqa: E402
 from spade_jax.evals import runner  # noqa: E402
+from spade_jax.related.trajectories import ChainConfig, SynthConfig, summary_table, synthesize  # noqa: E402
+from spade_jax.related.trajectories.queries import agent_observation  # noqa: E402
 from spade_jax.rl.batch import pack  # noqa: E402
 from spade_jax.rl.train import LossConfig, OptimConfig, Trainer  # noqa: E402
 from spade_jax.sampling.chat import complete_chats  # noqa: E402
 from spade_jax.sandbox import SandboxPool  # noqa: E402
 from spade_jax.selfplay import config as config_lib  # noqa: E402
 from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config  # noqa: E402
-from spade_jax.trajectories import ChainConfig, SynthConfig, summary_table, synthesize  # noqa: E402
-from spade_jax.trajectories.queries import agent_observation  # noqa: E402
 
 
 def sft_sequences(tokenizer, examples):

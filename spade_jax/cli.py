@@ -1,5 +1,5 @@
 """What every command line does before its work (the main job, `spade_jax.evals`,
-`spade_jax.trajectories`): the parsed config validated, with a bad field stopping the
+`spade_jax.related.trajectories`): the parsed config validated, with a bad field stopping the
 command as one message and exit code 2, then the policy on its mesh, optionally with the
 parameters of a run's checkpoint. It sits above the packages: they never import it.
 """

@@ -2,7 +2,7 @@
 
 JAX keys a program by its HLO, shapes, shardings, devices, compile options and the jax/XLA
 versions. With the cache on, a resumed or repeated run (the main job, `spade_jax.evals`,
-`spade_jax.serve`, `spade_jax.trajectories`) loads every program an earlier process compiled
+`spade_jax.serve`, `spade_jax.related.trajectories`) loads every program an earlier process compiled
 instead of compiling it again: the engine's bucketed programs, the update, the evaluation
 sampler. Every program is written, however fast it compiled (`min_compile_time_secs` 0): the
 engine's many small programs are most of a `tiny` run's compile seconds.

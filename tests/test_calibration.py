@@ -12,11 +12,11 @@ import pytest
 
 from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.agent import AgentConfig
-from spade_jax.designer import calibration
-from spade_jax.designer.calibration import CalibrationConfig, calibrate, choose_level, replay_solutions
 from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.envs import library
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.related.calibration import calibrate as calibration
+from spade_jax.related.calibration.calibrate import CalibrationConfig, calibrate, choose_level, replay_solutions
 from spade_jax.sampling import Generation, GenerationStats
 from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
 from spade_jax.sandbox.policy import PolicyError, difficulty_levels

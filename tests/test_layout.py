@@ -1,5 +1,6 @@
 """The package's layout: no module or package imports another in a circle, packages import
-downwards only, workers import no JAX."""
+downwards only, the related systems are imported only by the side-system registry, workers
+import no JAX."""
 
 import subprocess
 import sys
@@ -13,6 +14,7 @@ def test_no_import_cycle_in_the_package():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no import cycles" in out.stdout and "no package-level cycles" in out.stdout
     assert "every import follows the layers" in out.stdout
+    assert "spade_jax.related is imported only by spade_jax.selfplay.components" in out.stdout
 
 
 def _check_package(root: Path, files: dict[str, str]) -> subprocess.CompletedProcess:
@@ -42,6 +44,21 @@ def test_the_layer_check_finds_a_package_cycle_an_upward_import_and_an_unplaced_
     assert "package cycle 1: 2 packages: spade_jax.models, spade_jax.selfplay" in out.stdout  # ...but between packages
     assert "layer crossed: spade_jax/models/x.py:2: spade_jax.models (core) imports spade_jax.selfplay (run)" in out.stdout
     assert "spade_jax.extras is in no layer" in out.stdout
+
+
+def test_the_join_check_finds_a_related_system_imported_outside_the_registry(tmp_path):
+    out = _check_package(tmp_path, {"related/calibration/x.py": "from spade_jax.envs import contract\n",
+                                    "related/procedures/y.py": "from spade_jax.related.calibration import x\n",
+                                    "envs/contract.py": "",
+                                    "selfplay/components/z.py": "from spade_jax.related.procedures import y\n",
+                                    "selfplay/loop.py": "def f():\n    from spade_jax.related.calibration.x import g\n",
+                                    "related/trajectories/run.py": "from spade_jax.selfplay import loop\n"})
+    assert out.returncode == 1
+    assert ("joined outside spade_jax.selfplay.components: spade_jax/selfplay/loop.py:2: spade_jax.selfplay.loop "
+            "imports spade_jax.related.calibration.x") in out.stdout
+    assert out.stdout.count("joined outside") == 1  # the registry and the related systems themselves may
+    assert ("layer crossed: spade_jax/related/trajectories/run.py:1: spade_jax.related (related) imports "
+            "spade_jax.selfplay (run)") in out.stdout
 
 
 def test_environment_packages_import_without_jax():

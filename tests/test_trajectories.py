@@ -9,15 +9,15 @@ import pytest
 
 from spade_jax.agent import AgentConfig, play_episodes
 from spade_jax.envs import library
+from spade_jax.related.trajectories import chains as chains_lib
+from spade_jax.related.trajectories.export import (Example, read_jsonl, record_calls, rl_task, score_transcript,
+                                                   sft_record, write_jsonl)
+from spade_jax.related.trajectories.graph import ToolProbe, probe_graph, text_values
+from spade_jax.related.trajectories.queries import spelled_out, ungrounded
+from spade_jax.related.trajectories.schemas import read_tool_schemas
+from spade_jax.related.trajectories.synth import NoToolPrograms, SynthConfig, load_programs, summary_table, synthesize
 from spade_jax.sampling import Generation, GenerationStats
 from spade_jax.sandbox import SandboxConfig, SandboxPool
-from spade_jax.trajectories import chains as chains_lib
-from spade_jax.trajectories.export import (Example, read_jsonl, record_calls, rl_task, score_transcript, sft_record,
-                                           write_jsonl)
-from spade_jax.trajectories.graph import ToolProbe, probe_graph, text_values
-from spade_jax.trajectories.queries import spelled_out, ungrounded
-from spade_jax.trajectories.schemas import read_tool_schemas
-from spade_jax.trajectories.synth import NoToolPrograms, SynthConfig, load_programs, summary_table, synthesize
 
 # Two tools: get_orders takes the id that find_user prints, never a value of the observation.
 SHOP_DB = '''
@@ -249,7 +249,7 @@ def test_an_exported_record_round_trips_through_a_tool_chat_template(pool):
 
 
 def test_the_loop_synthesizes_from_the_tool_use_environments_in_memory(tmp_path, random_selfplay, monkeypatch):
-    from spade_jax.trajectories import run as synthesis
+    from spade_jax.related.trajectories import run as synthesis
 
     def configure(c):
         c.trajectories.update(every=1, max_envs=1, chains_per_env=3)
@@ -415,7 +415,7 @@ def test_a_program_whose_running_tools_differ_from_the_ones_read_is_rejected(poo
 
 
 def test_records_are_bounded_oversized_results_are_no_results_and_long_tasks_are_cut(pool):
-    from spade_jax.trajectories.limits import MAX_RESULT_CHARS, MAX_TASK_CHARS
+    from spade_jax.related.trajectories.limits import MAX_RESULT_CHARS, MAX_TASK_CHARS
 
     probe = _probe(pool, OVERSIZED)
     graph = probe_graph(pool, OVERSIZED, probe=probe)
@@ -451,7 +451,7 @@ def test_program_text_is_escaped_in_the_writers_prompt_and_in_every_record(pool,
 
 
 def test_an_exception_from_one_program_is_its_rejection(pool, monkeypatch):
-    from spade_jax.trajectories import synth
+    from spade_jax.related.trajectories import synth
 
     real = synth.probe_graph
 
@@ -468,7 +468,7 @@ def test_an_exception_from_one_program_is_its_rejection(pool, monkeypatch):
 
 
 def test_the_loop_survives_hostile_tool_programs_and_lists_their_reasons(tmp_path, random_selfplay, monkeypatch):
-    from spade_jax.trajectories import run as synthesis
+    from spade_jax.related.trajectories import run as synthesis
 
     # newest last: the four rejected on reading first, then the three that reach the sandbox
     hostile = {"marked": MARKED, "decoy": DECOY, "swapped": SWAPPED_TOOLS, "required-int": REQUIRED_INT,
@@ -527,8 +527,8 @@ def test_no_exported_file_holds_a_special_token_of_a_shipped_tokenizer(tmp_path,
     hold none literally, and rl.jsonl gives the program back byte for byte."""
     from special_tokens import literal_special_tokens, shipped_special_tokens
 
-    from spade_jax.trajectories.run import write_outputs
-    from spade_jax.trajectories.synth import EnvReport
+    from spade_jax.related.trajectories.run import write_outputs
+    from spade_jax.related.trajectories.synth import EnvReport
 
     tokens = shipped_special_tokens(smollm2_gguf_path, small_tokenizer)
     spelled = "".join(tokens)
@@ -547,7 +547,7 @@ def test_no_exported_file_holds_a_special_token_of_a_shipped_tokenizer(tmp_path,
 
 
 def test_records_over_the_size_cap_are_dropped_and_counted(pool, monkeypatch):
-    from spade_jax.trajectories import synth
+    from spade_jax.related.trajectories import synth
 
     examples, (report,) = synthesize(pool, [("orders", SHOP_DB)], _canned_customer_queries, _no_agent,
                                      SynthConfig(chains_per_env=2), progress=False)
@@ -562,8 +562,8 @@ def test_records_over_the_size_cap_are_dropped_and_counted(pool, monkeypatch):
 
 
 def test_a_reader_failure_is_the_programs_rejection_and_oversized_files_are_not_read(tmp_path, monkeypatch):
-    from spade_jax.trajectories import synth
-    from spade_jax.trajectories.limits import MAX_SOURCE_CHARS
+    from spade_jax.related.trajectories import synth
+    from spade_jax.related.trajectories.limits import MAX_SOURCE_CHARS
 
     (tmp_path / "orders.py").write_text(SHOP_DB)
     (tmp_path / "huge.py").write_text(SHOP_DB + "#" * MAX_SOURCE_CHARS)
@@ -584,7 +584,7 @@ def test_a_reader_failure_is_the_programs_rejection_and_oversized_files_are_not_
 def test_argument_combinations_stay_bounded_for_many_required_parameters():
     import random as random_lib
 
-    from spade_jax.trajectories.graph import Tool, assignments
+    from spade_jax.related.trajectories.graph import Tool, assignments
 
     names = tuple(f"p{i}" for i in range(16))
     tool = Tool("many", tuple((n, "string") for n in names), names)
@@ -625,8 +625,8 @@ def test_calls_to_an_episode_that_is_over_do_not_reach_the_sandbox():
 
 def test_the_writers_prompt_is_escaped_for_the_policy_tokenizer_with_program_escaping_off(tmp_path, random_selfplay,
                                                                                          monkeypatch):
-    from spade_jax.trajectories import run as synthesis
-    from spade_jax.trajectories import graph, queries
+    from spade_jax.related.trajectories import run as synthesis
+    from spade_jax.related.trajectories import graph, queries
 
     monkeypatch.setattr(graph, "program_text", lambda text, limit=None: text if limit is None else text[:limit])
     monkeypatch.setattr(queries, "program_text", lambda text, limit=None: text)

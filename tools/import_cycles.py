@@ -18,6 +18,10 @@ module; every ``__main__`` module and the top-level entry modules count as entry
 must have no cycle either, and every import must follow `LAYERS`: a package imports only
 packages of its own layer or of layers below it. A package in no layer is reported too.
 
+`JOINED_ONLY_BY` names the packages that only one part of the rest may import: the related
+systems (other papers' methods, `spade_jax.related`) are imported only by the side-system
+registry (`spade_jax.selfplay.components`), so no other module of SPADE depends on them.
+
     python tools/import_cycles.py            # exit status 1 when there is a cycle or a layer is crossed
     python tools/import_cycles.py --root DIR # DIR holds the spade_jax/ package
 """
@@ -39,11 +43,14 @@ LAYERS = (
     ("core", ("spade_jax.models", "spade_jax.sampling", "spade_jax.rl", "spade_jax.sandbox", "spade_jax.admission",
               "spade_jax.envs")),
     ("roles", ("spade_jax.agent", "spade_jax.designer")),
-    ("systems", ("spade_jax.evals", "spade_jax.trajectories", "spade_jax.bootstrap")),
+    ("systems", ("spade_jax.evals", "spade_jax.bootstrap")),
+    ("related", ("spade_jax.related",)),
     ("run", ("spade_jax.selfplay",)),
     ("entry", ("spade_jax.main", "spade_jax.cli", "spade_jax.demo", "spade_jax.export", "spade_jax.serve",
                "spade_jax.envpack")),
 )
+# package -> the only modules outside it that may import it (that module and the ones under it).
+JOINED_ONLY_BY = {"spade_jax.related": "spade_jax.selfplay.components"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +246,17 @@ def layer_violations(units: list[str], edges: list[Edge]) -> tuple[list[str], li
     return unplaced, upward
 
 
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def outside_joins(edges: list[Edge]) -> list[tuple[Edge, str]]:
+    """Module imports of a `JOINED_ONLY_BY` package from outside it and outside its joining
+    modules, each with the modules that may import it."""
+    return [(e, joiner) for e in edges for package, joiner in JOINED_ONLY_BY.items()
+            if _within(e.target, package) and not _within(e.source, package) and not _within(e.source, joiner)]
+
+
 def _print_cycles(cycles: list[list[str]], edges: list[Edge], kind: str) -> None:
     for n, component in enumerate(cycles, 1):
         print(f"{kind} cycle {n}: {len(component)} {kind}s: {', '.join(component)}")
@@ -261,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     pedges = package_edges(edges)
     package_cycles = strongly_connected(units, pedges)
     unplaced, upward = layer_violations(units, pedges)
+    joins = outside_joins(edges)
     if cycles:
         _print_cycles(cycles, edges, "module")
         print(f"{len(cycles)} import cycle(s) among the {len(nodes)} modules of {PACKAGE}")
@@ -278,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{edge.target} ({LAYERS[layer_of(edge.target)][0]})")
     if not (unplaced or upward):
         print("every import follows the layers: " + " -> ".join(name for name, _ in LAYERS))
-    return 1 if cycles or package_cycles or unplaced or upward else 0
+    for edge, joiner in sorted(joins, key=lambda j: (j[0].path, j[0].line)):
+        print(f"joined outside {joiner}: {edge.path}:{edge.line}: {edge.source} imports {edge.target}")
+    if not joins:
+        print("; ".join(f"{package} is imported only by {joiner}" for package, joiner in JOINED_ONLY_BY.items()))
+    return 1 if cycles or package_cycles or unplaced or upward or joins else 0
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ name ends in ``Env``:
   "medium", "hard")`` (a literal tuple of distinct short names, easiest first; read
   by ``spade_jax.sandbox.policy.difficulty_levels`` without running the program) and
   ``__init__`` accepts ``difficulty=<level>`` (None: its default). Admission constructs
-  and resets every level; calibration (``spade_jax/designer/calibration.py``) plays
-  the agent at each and picks the level it sometimes solves.
+  and resets every level; calibration, when on (``spade_jax/related/calibration/``),
+  plays the agent at each and picks the level it sometimes solves.
 * Reasoning games take one action per turn written as ``\\boxed{...}``; use
   ``extract_boxed(action)`` to read it.
 * Tool-use environments subclass ``ToolUseEnv`` (see ``tool_use.py``): the agent

@@ -1,5 +1,6 @@
-"""Difficulty calibration (EvoEnv) as admission's last stage: `designer/calibration.py` plays the
-admitted programs' levels with the current agent; a program with no level in band is rejected."""
+"""Difficulty calibration (EvoEnv, a related system: `related/calibration/`) as admission's last
+stage: the current agent plays the admitted programs' levels; a program with no level in band is
+rejected."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spade_jax.designer.calibration import STAGE, CalibrationConfig, calibrate
+from spade_jax.related.calibration.calibrate import STAGE, CalibrationConfig, calibrate
 from spade_jax.selfplay.components.base import Context, Section
 from spade_jax.selfplay.console import phase_bar
 from spade_jax.selfplay.sections import from_section, section

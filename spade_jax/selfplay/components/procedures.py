@@ -1,5 +1,6 @@
 """Procedure memory (ProPlay) as an agent component: preplay guidance for each episode, learned
-from the plain episodes the agent finished, checkpointed with the run (`agent/procedures.py`)."""
+from the plain episodes the agent finished, checkpointed with the run (a related system:
+`related/procedures/`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 from typing import Sequence
 
-from spade_jax.agent.procedures import SEED, ProcedureConfig, ProcedureMemory, abstract, provenance
+from spade_jax.related.procedures.memory import SEED, ProcedureConfig, ProcedureMemory, abstract, provenance
 from spade_jax.selfplay.components.base import Context, Section
 from spade_jax.selfplay.sections import from_section, section
 
@@ -45,7 +46,7 @@ class Procedures:
         gallery). Hinted plays are left out: they follow a privileged hint, and their procedures
         would overstate what the agent does alone. A program that claims a held-out family is not
         learned from (``procedures/heldout_claims`` counts its plain plays); a seed program's plays
-        count into the seed library's graphs as well (`agent/procedures.py`)."""
+        count into the seed library's graphs as well (`related/procedures/memory.py`)."""
         claims = 0
         for t in episodes:
             env = envs[t.request.env_key]

@@ -1,6 +1,7 @@
-"""Tool-use trajectory synthesis (EnvFactory) as a periodic job: every `trajectories.every`
-iterations, from the newest `trajectories.max_envs` tool-use environments of memory, with the
-policy after that many updates; files in `<workdir>/trajectories/<step>/` (`trajectories/run.py`).
+"""Tool-use trajectory synthesis (EnvFactory, a related system: `related/trajectories/`) as a
+periodic job: every `trajectories.every` iterations, from the newest `trajectories.max_envs`
+tool-use environments of memory, with the policy after that many updates; files in
+`<workdir>/trajectories/<step>/` (`related/trajectories/run.py`).
 A tool-use program that synthesis cannot use is a row of the table with its reason (counted in
 `trajectories/rejected`); no program's failure stops synthesis or the run."""
 
@@ -9,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from spade_jax.related.trajectories import run as synthesis
+from spade_jax.related.trajectories.synth import SynthConfig, synthesize
 from spade_jax.selfplay.components.base import Context, Section
 from spade_jax.selfplay.sections import from_section, section
-from spade_jax.trajectories import run as synthesis
-from spade_jax.trajectories.synth import SynthConfig, synthesize
 
 
 def _read(c) -> SynthConfig:

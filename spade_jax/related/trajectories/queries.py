@@ -37,10 +37,10 @@ from collections.abc import Callable, Sequence
 
 from spade_jax.agent.rollout import EpisodeRequest
 from spade_jax.envs.tool_use import TOOL_CALL, render_tool_list
+from spade_jax.related.trajectories.chains import Chain, reaches_end_state, replay
+from spade_jax.related.trajectories.graph import ToolProbe
+from spade_jax.related.trajectories.limits import program_text
 from spade_jax.text import clean_text
-from spade_jax.trajectories.chains import Chain, reaches_end_state, replay
-from spade_jax.trajectories.graph import ToolProbe
-from spade_jax.trajectories.limits import program_text
 
 WRITER_SYSTEM_PROMPT = "You write realistic requests that users send to an assistant."
 _CALL_SYNTAX = ("<tool_call>", "</tool_call>", '"name":', '"arguments":')

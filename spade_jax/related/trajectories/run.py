@@ -1,6 +1,7 @@
 """Synthesis with a policy: the query writer and verifying agent a policy plays, the programs
 a run's memory offers, and the files a synthesis writes. Shared by the command line
-(`python -m spade_jax.trajectories`) and the self-play job (`selfplay/components/synthesis.py`)."""
+(`python -m spade_jax.related.trajectories`) and the self-play job
+(`selfplay/components/synthesis.py`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import os
 from typing import Callable, Sequence
 
 from spade_jax.agent import AgentConfig, play_episodes
+from spade_jax.related.trajectories.export import Example, rl_task, sft_record, write_jsonl
+from spade_jax.related.trajectories.queries import escape_chats
+from spade_jax.related.trajectories.schemas import NotToolUse, ProgramRejected
+from spade_jax.related.trajectories.synth import EnvReport, SynthConfig, read_program, summary_table
 from spade_jax.sampling.chat import complete_chats
-from spade_jax.trajectories.export import Example, rl_task, sft_record, write_jsonl
-from spade_jax.trajectories.queries import escape_chats
-from spade_jax.trajectories.schemas import NotToolUse, ProgramRejected
-from spade_jax.trajectories.synth import EnvReport, SynthConfig, read_program, summary_table
 
 
 def policy_players(policy, pool, agent_cfg: AgentConfig, cfg: SynthConfig) -> tuple[Callable, Callable]:

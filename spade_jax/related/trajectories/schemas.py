@@ -29,9 +29,9 @@ import json
 import math
 import re
 
+from spade_jax.related.trajectories.limits import (MAX_PARAMS, MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_SOURCE_CHARS,
+                                                   MAX_TOOLS, escape_json)
 from spade_jax.text import display_line
-from spade_jax.trajectories.limits import (MAX_PARAMS, MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_SOURCE_CHARS,
-                                           MAX_TOOLS, escape_json)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 _INT_BOUND = 2**63

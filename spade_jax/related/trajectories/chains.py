@@ -28,7 +28,7 @@ import numpy as np
 from spade_jax.envs.contract import EPISODE_SEED_SPACE
 from spade_jax.envs.tool_use import normalize_answer
 from spade_jax.envs.tool_use import tool_call_action
-from spade_jax.trajectories.graph import ToolGraph, ToolProbe, assignments, text_values, typed_values
+from spade_jax.related.trajectories.graph import ToolGraph, ToolProbe, assignments, text_values, typed_values
 
 
 @dataclasses.dataclass(frozen=True)

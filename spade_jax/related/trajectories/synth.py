@@ -18,13 +18,13 @@ from pathlib import Path
 
 from spade_jax.envs import library
 from spade_jax.progress import progress_bar
+from spade_jax.related.trajectories.chains import ChainConfig, sample_chains
+from spade_jax.related.trajectories.export import Example, record_chars
+from spade_jax.related.trajectories.graph import ToolGraph, ToolProbe, probe_graph
+from spade_jax.related.trajectories.limits import MAX_RECORD_CHARS, MAX_RESULT_CHARS, MAX_SOURCE_CHARS
+from spade_jax.related.trajectories.queries import QueryConfig, verify_queries, spelled_out, ungrounded, write_queries
+from spade_jax.related.trajectories.schemas import ProgramRejected, read_tool_schemas
 from spade_jax.text import display_line
-from spade_jax.trajectories.chains import ChainConfig, sample_chains
-from spade_jax.trajectories.export import Example, record_chars
-from spade_jax.trajectories.graph import ToolGraph, ToolProbe, probe_graph
-from spade_jax.trajectories.limits import MAX_RECORD_CHARS, MAX_RESULT_CHARS, MAX_SOURCE_CHARS
-from spade_jax.trajectories.queries import QueryConfig, verify_queries, spelled_out, ungrounded, write_queries
-from spade_jax.trajectories.schemas import ProgramRejected, read_tool_schemas
 
 _REASON_CHARS = 300  # the longest reason the summary table shows
 

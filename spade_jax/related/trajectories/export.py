@@ -34,10 +34,10 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 
+from spade_jax.related.trajectories.chains import Call, Chain, EndState, reaches_end_state
+from spade_jax.related.trajectories.limits import escape_json
+from spade_jax.related.trajectories.queries import transcript_results
 from spade_jax.text import json_text
-from spade_jax.trajectories.chains import Call, Chain, EndState, reaches_end_state
-from spade_jax.trajectories.limits import escape_json
-from spade_jax.trajectories.queries import transcript_results
 
 SFT_SYSTEM_PROMPT = ("You are a helpful assistant with tools. Call tools to find what the user needs, "
                      "then give the answer as <answer>...</answer>.")

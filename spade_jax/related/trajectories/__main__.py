@@ -1,7 +1,7 @@
 """Synthesizes tool-use trajectories from a directory of environment programs.
 
-    python -m spade_jax.trajectories --envs DIR --out FILE [--num N] [--rl_out FILE]
-    python -m spade_jax.trajectories --envs library --out /tmp/traj.jsonl --config=configs/tiny.py \\
+    python -m spade_jax.related.trajectories --envs DIR --out FILE [--num N] [--rl_out FILE]
+    python -m spade_jax.related.trajectories --envs library --out /tmp/traj.jsonl --config=configs/tiny.py \\
         --workdir=workdirs/tiny --num 16
 
 ``--envs`` is a directory of ``.py`` programs, a comma-separated list of files, or ``library``
@@ -22,7 +22,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 config_flags.DEFINE_config_file("config", os.path.join(_REPO, "configs", "tiny.py"), "Preset file.", lock_config=True)
 flags.DEFINE_string("envs", None, "Directory of programs, comma-separated files, or 'library'.", required=True)
@@ -40,8 +40,8 @@ FLAGS = flags.FLAGS
 
 def main(argv) -> None:
     del argv
-    from spade_jax.trajectories.chains import ChainConfig
-    from spade_jax.trajectories.synth import NoToolPrograms, SynthConfig, load_programs
+    from spade_jax.related.trajectories.chains import ChainConfig
+    from spade_jax.related.trajectories.synth import NoToolPrograms, SynthConfig, load_programs
 
     try:
         programs, skipped = load_programs(FLAGS.envs)
@@ -59,11 +59,11 @@ def main(argv) -> None:
 
 def _run(programs, cfg) -> None:
     from spade_jax import cli
+    from spade_jax.related.trajectories.export import rl_task, sft_record, write_jsonl
+    from spade_jax.related.trajectories.run import policy_players
+    from spade_jax.related.trajectories.synth import summary_table, synthesize
     from spade_jax.sandbox import SandboxPool
     from spade_jax.selfplay import config as config_lib
-    from spade_jax.trajectories.export import rl_task, sft_record, write_jsonl
-    from spade_jax.trajectories.run import policy_players
-    from spade_jax.trajectories.synth import summary_table, synthesize
 
     config = cli.validated(FLAGS.config)
     workdir = os.path.abspath(FLAGS.workdir)

@@ -32,10 +32,10 @@ import re
 from collections.abc import Sequence
 
 from spade_jax.envs.tool_use import render_tool_list, tool_call_action
+from spade_jax.related.trajectories.limits import MAX_RESULT_CHARS, MAX_TASK_CHARS, program_text
+from spade_jax.related.trajectories.schemas import ProgramRejected, Tool, parse_tool, read_tool_class
 from spade_jax.sandbox import EpisodeSpec, StepResult
 from spade_jax.text import display_line
-from spade_jax.trajectories.limits import MAX_RESULT_CHARS, MAX_TASK_CHARS, program_text
-from spade_jax.trajectories.schemas import ProgramRejected, Tool, parse_tool, read_tool_class
 
 SENTINELS = {"string": "zzqx-none", "integer": -987654321, "number": -987654.5}
 PROBE_TURNS = 1000  # the sandbox's most steps per episode: probes share one episode per seed
