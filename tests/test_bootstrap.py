@@ -42,7 +42,7 @@ def transcripts(programs):
 
 @pytest.fixture(scope="module")
 def slots():
-    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1, exemplar_cut_marked=True)
+    prompt = dataclasses.replace(bootstrap.BootstrapConfig().prompt, exemplars_positive=1)
     memory = data.seeded_memory()
     for record in memory.records():  # measured in the win-rate band, so the prompts show them
         memory.update(record.env_id, iteration=0, win_rate=0.5, mean_plain=0.5, mean_hinted=0.5, regret=0.0)
@@ -80,8 +80,9 @@ def test_designer_slots_are_iteration_zero_prompts_answered_with_a_seed_of_their
         assert f"Skill: {slot.skill}\nDifficulty: {slot.difficulty}" in user
         assert slot.env in bootstrap.BootstrapConfig().envs and library.get(slot.env).skill == slot.skill
         assert "[... truncated: first 40 of" in user  # a 40-word document excerpt
-        # one exemplar from the seeded memory, its first 4 lines only
-        assert user.count("```python\n") == 1 and "\n# ... (truncated)\n```" in user
+        # one exemplar from the seeded memory, its first 400 characters only
+        block = user.split("```python\n", 1)[1].split("\n```", 1)[0]
+        assert user.count("```python\n") == 1 and 300 < len(block) <= 400
 
 
 def test_knobs_follow_the_difficulty_third_of_each_range():

@@ -205,13 +205,7 @@ def test_the_defaults_are_config_keys():
     c = config_lib.base_config()
     assert (tuple(c.memory.positive_win_range), tuple(c.memory.negative_win_bounds)) == ((0.15, 0.85), (0.1, 0.9))
     prompt = c.designer.prompt
-    assert (prompt.exemplar_max_chars, prompt.exemplar_max_lines, prompt.exemplar_cut_marked,
-            prompt.exemplar_layout) == (2000, 0, False, "reference")
-    c.designer.prompt.exemplar_layout = "inline"
-    assert config_lib.prompt_config(c).exemplar_layout == "inline"
-
-
-# ----------------------------------------------------------------- the earlier behaviour, as options
+    assert prompt.exemplar_max_chars == 2000
 
 
 def test_without_a_skill_every_record_counts_as_the_reference():
@@ -219,24 +213,3 @@ def test_without_a_skill_every_record_counts_as_the_reference():
     _add(mem, "mine", 0.5, 0.1)
     _add(mem, "theirs", 0.5, 0.9, skill=OTHER)
     assert _drawn(mem, "positive", skill=None)[0] == {"mine", "theirs"}  # no skill: no filter
-
-
-def test_option_the_earlier_code_cut():
-    code = "".join(f"line_{i:03d} = {i}\n" for i in range(100))
-    mem = EnvironmentMemory()
-    mem.add(code, SKILL, iteration=0, env_id="long", win_rate=0.5, mean_plain=0.5, mean_hinted=0.6, regret=0.1)
-    old = PromptConfig(exemplars_negative=0, exemplar_max_lines=80, exemplar_max_chars=4000, exemplar_cut_marked=True)
-    (ex,) = slot_exemplars(mem, np.random.default_rng(0), old, SKILL)
-    assert ex.code == "\n".join(code.splitlines()[:80]) + "\n# ... (truncated)"
-
-
-def test_option_inline_layout():
-    mem = EnvironmentMemory()
-    _add(mem, "p1", 0.5, 0.3)
-    _add(mem, "easy", 0.95, 0.0)
-    doc = Document(doc_id="d", text="a document", n_words=2, truncated=False)
-    user = slot_messages(mem, np.random.default_rng(0), SKILL, "hard", doc,
-                         PromptConfig(exemplar_layout="inline"))[1]["content"]
-    assert user.count("```python\n") == 2 and "class EasyEnv" in user  # the negative with its code
-    assert user.index("Example 2 (logical deduction; too easy, win rate 0.95, regret 0.00; avoid") < user.index(
-        "Write a new hard environment")

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 
 from spade_jax.designer.memory import RETIRED_SETTINGS, EnvironmentMemory
-from spade_jax.designer.prompts import truncate_code
 
-OLD_PROMPT = dict(exemplar_max_lines=80, exemplar_max_chars=4000, exemplar_cut_marked=True, exemplar_layout="inline")
 
 CODE = "class GuessEnv:\n    def reset(self, seed=None):\n        return 'guess', {}\n"
 
@@ -117,20 +115,12 @@ def test_designer_prompts_cut_exemplar_code_to_the_prompt_size():
     mem.add(long_code, "optimization", iteration=0, win_rate=0.5, mean_plain=0.5,
             mean_hinted=0.6, regret=0.1, env_id="opt")
     doc = Document(doc_id="d", text="a short document", n_words=3, truncated=False)
-    prompt = PromptConfig(exemplars_positive=1, exemplars_negative=0, **dict(OLD_PROMPT, exemplar_max_lines=3))
+    prompt = PromptConfig(exemplars_positive=1, exemplars_negative=0, exemplar_max_chars=20)
     user = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc, prompt)[1]["content"]
-    assert "x0 = 0\nx1 = 1\nx2 = 2\n# ... (truncated)" in user and "x3 = 3" not in user
+    assert "x0 = 0\nx1 = 1\nx2 = 2\n```" in user and "x3" not in user  # the first 20 characters
     none = slot_messages(mem, np.random.default_rng(0), "optimization", "easy", doc,
                          PromptConfig(exemplars_positive=0, exemplars_negative=0))[1]["content"]
     assert "x0 = 0" not in none
-
-
-def test_truncate_code_by_chars():
-    assert truncate_code("abc\ndef\nghi", 10, 9, marked=True) == "abc\ndef\n# ... (truncated)"
-    assert truncate_code("abcdefghij", 10, 4, marked=True) == "abcd\n# ... (truncated)"
-    assert truncate_code("short", 10, 100, marked=True) == "short"
-    assert truncate_code("abc\ndef\nghi", 10, 9) == "abc\ndef\ng"  # unmarked: the first characters
-    assert truncate_code("a\nb\nc\n", 2, 100) == "a\nb\n" and truncate_code("a\nb\n", 0, 100) == "a\nb\n"
 
 
 def test_state_round_trip_is_lossless():

@@ -121,7 +121,6 @@ def tiny_selfplay_config():
     c.designer.num_slots = 2
     c.designer.max_new_tokens = 24
     c.designer.max_attempts = 1  # one attempt per slot (the retries have tests of their own)
-    c.designer.prompt.exemplar_max_lines = 4
     c.agent.episodes_per_env = 2
     c.agent.hinted_episodes_per_env = 2
     c.agent.max_turns = 2

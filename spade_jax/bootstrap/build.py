@@ -111,7 +111,7 @@ class BootstrapConfig:
 
     seed: int = 0
     prompt: PromptConfig = PromptConfig(doc_max_words=40, exemplars_positive=0, exemplars_negative=0,
-                                        exemplar_max_lines=4, exemplar_max_chars=400)
+                                        exemplar_max_chars=400)
     envs: tuple[str, ...] = ("shopping", "tallest", "nearest_city", "repeat_pattern", "knapsack",
                              "plant_experiment")
     num_programs: int = 48

@@ -10,14 +10,11 @@ characters) and with every common chat-format special-token spelling broken
 policy's tokenizer), so a remembered program cannot end the user turn it sits in. The
 reference document comes from the user's corpus (trusted) and is shown as it is.
 
-Exemplar layout (``PromptConfig.exemplar_layout``). "reference" follows the reference's
-`_augment_prompt_with_memory` (spade/core/orchestrator.py:1204-1227, env_memory.py:125-151):
-after the whole request, a tagged block of positives, each headed by its skill, win rate
-and regret and shown with its code, then one line per negative naming it and why it
-failed, without code; the prose is ours. "inline" is this code's earlier layout: every
-exemplar, negatives too, as a labelled code block between the document and the request.
-Exemplar code is cut as the reference stores it, to its first 2000 characters
-(env_memory.py:60); `truncate_code` also keeps the earlier whole-line, marked cut.
+Exemplars follow the reference's `_augment_prompt_with_memory` (spade/core/orchestrator.py:
+1204-1227, env_memory.py:125-151): after the whole request, a tagged block of positives, each
+headed by its skill, win rate and regret and shown with its code, then one line per negative
+naming it and why it failed, without code; the prose is ours. Exemplar code is cut as the
+reference stores it, to its first characters (2000 by default, env_memory.py:60).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from spade_jax.models.tokenizer import escape_chat_markers
 from spade_jax.text import clean_text
 
 DIFFICULTIES = ("easy", "medium", "hard")
-EXEMPLAR_LAYOUTS = ("reference", "inline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,28 +38,21 @@ class PromptConfig:
     doc_max_words: words of the reference document kept (the corpus truncates to it).
     exemplars_positive / exemplars_negative: memory exemplars per prompt
     (`EnvironmentMemory.exemplars`; the reference's 2 and 1, orchestrator.py:1213,1224).
-    exemplar_max_chars / exemplar_max_lines / exemplar_cut_marked: how much of each
-    exemplar's code is shown (`truncate_code`): the reference's first 2000 characters, no
-    line limit (0), cut unmarked; this code's earlier cut was 80 lines, 4000 characters,
-    marked. exemplar_layout: "reference" or "inline" (earlier; see the module docstring).
+    exemplar_max_chars: how much of each exemplar's code is shown: its first characters (the
+    reference's 2000).
     """
 
     doc_max_words: int = 6000
     exemplars_positive: int = 2
     exemplars_negative: int = 1
-    exemplar_max_lines: int = 0
     exemplar_max_chars: int = 2000
-    exemplar_cut_marked: bool = False
-    exemplar_layout: str = "reference"
 
     def __post_init__(self):
         if self.doc_max_words < 1:
             raise ValueError(f"doc_max_words must be >= 1, got {self.doc_max_words}")
-        for name in ("exemplars_positive", "exemplars_negative", "exemplar_max_lines", "exemplar_max_chars"):
+        for name in ("exemplars_positive", "exemplars_negative", "exemplar_max_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.exemplar_layout not in EXEMPLAR_LAYOUTS:
-            raise ValueError(f"exemplar_layout must be one of {EXEMPLAR_LAYOUTS}, got {self.exemplar_layout!r}")
 
 DESIGNER_SYSTEM_PROMPT = """You design training environments for a reasoning agent. An environment is one Python program defining exactly one class whose name ends in Env:
 - __init__(self, max_turns=..., **kwargs)
@@ -96,73 +85,32 @@ def _reference_exemplars(exemplars: Sequence[Exemplar]) -> list[str]:
     return parts
 
 
-def _exemplar_block(number: int, exemplar: Exemplar) -> str:
-    facts = [exemplar.label]
-    if exemplar.win_rate is not None:
-        facts.append(f"win rate {exemplar.win_rate:.2f}")
-    if exemplar.regret is not None:
-        facts.append(f"regret {exemplar.regret:.2f}")
-    verdict = "avoid environments like this" if exemplar.kind == "negative" else "a good example"
-    return (f"Example {number} ({exemplar.skill}; {', '.join(facts)}; {verdict}):\n"
-            f"```python\n{exemplar_code(exemplar.code)}\n```")
-
-
 def exemplar_code(code: str) -> str:
     """Model-written code as it may appear in a prompt (see the module docstring)."""
     return escape_chat_markers(clean_text(code))
 
 
-def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar],
-                         layout: str = "reference") -> str:
+def designer_user_prompt(skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar]) -> str:
     """The user turn of a designer prompt; `reference` is a wrapped document (`Document.as_reference`),
-    or empty for a prompt without one; ``layout`` places the exemplars (module docstring)."""
-    if layout not in EXEMPLAR_LAYOUTS:
-        raise ValueError(f"layout must be one of {EXEMPLAR_LAYOUTS}, got {layout!r}")
+    or empty for a prompt without one; the exemplars follow the request (module docstring)."""
     parts = [f"Skill: {skill}\nDifficulty: {difficulty}"]
     if reference:
         parts.append(f"Ground the environment in this reference document where it fits:\n{reference}")
-    if exemplars and layout == "inline":
-        parts.append(
-            "Environments designed before and how the agent did on them:\n\n"
-            + "\n\n".join(_exemplar_block(i + 1, e) for i, e in enumerate(exemplars))
-        )
     parts.append(
         f"Write a new {difficulty} environment that trains {skill}. Reply with one complete program "
         "in a single ```python code block."
     )
-    if layout == "reference":
-        parts += _reference_exemplars(exemplars)
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + _reference_exemplars(exemplars))
 
 
 def designer_messages(
     skill: str, difficulty: str, reference: str, exemplars: Sequence[Exemplar],
-    system_prompt: str = DESIGNER_SYSTEM_PROMPT, layout: str = "reference",
+    system_prompt: str = DESIGNER_SYSTEM_PROMPT,
 ) -> list[dict]:
     return [
         {"role": "system", "content": system_prompt},
-        {"role": "user", "content": designer_user_prompt(skill, difficulty, reference, exemplars, layout)},
+        {"role": "user", "content": designer_user_prompt(skill, difficulty, reference, exemplars)},
     ]
-
-
-def truncate_code(code: str, max_lines: int, max_chars: int, *, marked: bool = False) -> str:
-    """At most ``max_lines`` lines (0: any number) and ``max_chars`` characters of ``code``.
-
-    Unmarked (the reference, env_memory.py:60): the first characters as they are. ``marked``
-    (this code's earlier cut): whole lines only, followed by "# ... (truncated)" when cut.
-    """
-    if not marked:
-        lines = code.splitlines(keepends=True)
-        kept = "".join(lines[:max_lines]) if max_lines and len(lines) > max_lines else code
-        return kept[:max_chars]
-    lines = code.splitlines()
-    max_lines = max_lines or len(lines)
-    out = "\n".join(lines[:max_lines])
-    cut = len(lines) > max_lines
-    if len(out) > max_chars:
-        out = out[:max_chars].rsplit("\n", 1)[0] if "\n" in out[:max_chars] else out[:max_chars]
-        cut = True
-    return out + "\n# ... (truncated)" if cut else out
 
 
 def slot_exemplars(memory: EnvironmentMemory | None, rng: np.random.Generator, prompt: PromptConfig,
@@ -171,9 +119,7 @@ def slot_exemplars(memory: EnvironmentMemory | None, rng: np.random.Generator, p
     is None; ``skill`` None draws over every skill), their code cut to the prompt's size."""
     drawn = memory.exemplars(rng, n_positive=prompt.exemplars_positive, n_negative=prompt.exemplars_negative,
                              skill=skill) if memory is not None else []
-    return [dataclasses.replace(e, code=truncate_code(e.code, prompt.exemplar_max_lines, prompt.exemplar_max_chars,
-                                                      marked=prompt.exemplar_cut_marked))
-            for e in drawn]
+    return [dataclasses.replace(e, code=e.code[: prompt.exemplar_max_chars]) for e in drawn]
 
 
 def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, skill: str, difficulty: str, doc,
@@ -182,8 +128,7 @@ def slot_messages(memory: EnvironmentMemory | None, rng: np.random.Generator, sk
     already cut by the corpus). ``memory`` None gives no exemplars and ``doc`` None no
     document (the no-memory and no-corpus ablations)."""
     exemplars = slot_exemplars(memory, rng, prompt, skill)
-    return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars,
-                             layout=prompt.exemplar_layout)
+    return designer_messages(skill, difficulty, doc.as_reference() if doc is not None else "", exemplars)
 
 
 def designer_answer(code: str) -> str:

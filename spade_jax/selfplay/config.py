@@ -56,6 +56,9 @@ RETIRED = {
     "agent.hinted_like_plain": (False, "3d0cdfd"),
     "hints.max_sentences": (0, "e332701"),
     "hints.max_code_chars": (0, "e332701"),
+    "designer.prompt.exemplar_max_lines": (0, "08dd458"),
+    "designer.prompt.exemplar_cut_marked": (False, "08dd458"),
+    "designer.prompt.exemplar_layout": ("reference", "08dd458"),
 }
 
 
