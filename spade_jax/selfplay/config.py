@@ -39,7 +39,7 @@ from spade_jax.selfplay.components import SECTIONS
 from spade_jax.selfplay.sections import field_defaults, from_section, section
 
 MODEL_SOURCES = ("bootstrap", "pretrained", "random")
-# Switches for spade_jax's earlier rules, retired: field -> (the value that meant today's rule, the
+# Retired switches: field -> (the value that meant today's rule, the
 # last commit that had the switch). A run saved with another value is refused on resume (`main`);
 # docs/DESIGN.md lists them.
 RETIRED = {
