@@ -1,1 +1,1 @@
-"""The learning studies (is SPADE learning, and from what?): each study a subpackage with its command and a README of its current results; `bench/` holds the speed benchmarks."""
+"""The learning studies, a subpackage each with its command and a README of its current results; bench/ holds the speed benchmarks."""

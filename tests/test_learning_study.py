@@ -1,8 +1,10 @@
-"""bench/learning_study.py's report: its numbers from hand-written run metrics."""
+"""experiments/learning_study's report: its numbers from hand-written run metrics."""
 
 import json
 import types
 from pathlib import Path
+
+from experiments import learning_study as study
 
 
 def _write_run(path: Path, rows: list[dict]) -> None:
@@ -10,8 +12,7 @@ def _write_run(path: Path, rows: list[dict]) -> None:
     (path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, bench_script):
-    study = bench_script("learning_study")
+def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path):
     key = "eval/envs-2-programs/score"
     (tmp_path / "initial" / "evals" / "initial").mkdir(parents=True)
     (tmp_path / "initial" / "evals" / "initial" / "envs.json").write_text(json.dumps({"score": 0.25}))
@@ -36,7 +37,7 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
     assert "150 ± 0 (n=2)" in spade_row
     assert spade_row.split(" | ")[8] == "0.125 ± 0.125 (n=2)"  # plain win rate, run means 0.0 and 0.25
     assert "| frozen | not run |" in text and "Held-out score of the initial policy: 0.25" in text
-    assert (f"`python bench/learning_study.py --study_dir {tmp_path} --arms spade,placebo,resample,frozen --seeds 0,1 "
+    assert (f"`python -m experiments.learning_study --study_dir {tmp_path} --arms spade,placebo,resample,frozen --seeds 0,1 "
             "--iterations 2 --override=--config.rl.lr=1e-3`") in text
     # per seed: lowest admission, regret, the placebo's and resample's regret on the same seed, held-out end,
     # initial (no resample run for seed 1)
@@ -45,11 +46,10 @@ def test_report_gives_means_spreads_token_totals_and_the_per_seed_bar(tmp_path, 
     assert (tmp_path / "study" / "env_regret_mean.png").exists()
 
 
-def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch, bench_script):
-    study = bench_script("learning_study")
+def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(study, "run_study", lambda args, preset: ran.append(args.arms))
-    monkeypatch.setattr(study, "_preset", lambda spec: None)
+    monkeypatch.setattr(study.presets, "load", lambda spec: None)
     report = tmp_path / "study.md"
     monkeypatch.setattr("sys.argv", ["learning_study.py", "--study_dir", str(tmp_path), "--arms", "spade",
                                      "--report", str(report), "--no_report"])
@@ -57,8 +57,7 @@ def test_no_report_runs_without_touching_the_report(tmp_path, monkeypatch, bench
     assert ran == [["spade"]] and not report.exists()
 
 
-def test_a_token_budget_reaches_every_run_and_a_run_that_spent_it_is_finished(tmp_path, monkeypatch, bench_script):
-    study = bench_script("learning_study")
+def test_a_token_budget_reaches_every_run_and_a_run_that_spent_it_is_finished(tmp_path, monkeypatch):
     commands = []
     monkeypatch.setattr(study, "_run", lambda cmd, log: commands.append(cmd))
     spent = [{"iteration": 0, "agent/generated_tokens": 60}, {"iteration": 1, "agent/generated_tokens": 50}]

@@ -1,34 +1,20 @@
-"""bench/rl_ladder_loop.py: the paired tests on hand-computed cases, the reports' verdicts on hand-made
-records, and both rungs end to end on the runlocal preset (one seed, one iteration)."""
+"""experiments/ladder/loop.py: pairing, the reports' verdicts on hand-made records, and both rungs end
+to end on the runlocal preset (one seed, one iteration). The paired tests: tests/test_experiments_stats.py."""
 
 import json
 
 import pytest
 
+from experiments.ladder import loop as ladder
 from spade_jax.bootstrap import BootstrapConfig
 
 
-@pytest.fixture(scope="module")
-def ladder(bench_script):
-    return bench_script("rl_ladder_loop")
-
-
-def test_the_sign_test_pairs_item_by_item_and_drops_ties(ladder):
-    before = [0.0, 0.5, 1.0, 0.2, 0.3, 0.3]
-    after = [1.0, 0.6, 1.0, 0.1, 0.9, 0.8]  # 4 up, 1 down, 1 tie: 2 * (C(5,0) + C(5,1)) / 2**5
-    assert ladder.sign_test_p(before, after) == pytest.approx(0.375)
-    assert ladder.sign_test_p([0.0] * 6, [1.0] * 6) == pytest.approx(2 / 2 ** 6)
-    assert ladder.sign_test_p(before, before) == 1.0
-    with pytest.raises(ValueError):
-        ladder.sign_test_p([0.0, 1.0], [0.0, 1.0, 1.0])
-
-
-def test_pairing_refuses_sets_scored_on_other_items(ladder):
+def test_pairing_refuses_sets_scored_on_other_items():
     with pytest.raises(ValueError, match="same items"):
         ladder.paired({"items": [0, 1], "reward": [0, 1]}, {"items": [1, 0], "reward": [1, 0]}, "reward")
 
 
-def test_run_config_gives_the_rungs_overrides_and_refuses_a_run_saved_with_another(tmp_path, ladder):
+def test_run_config_gives_the_rungs_overrides_and_refuses_a_run_saved_with_another(tmp_path):
     args = ladder.parse_args(["--rung", "2", "--study_dir", str(tmp_path), "--seeds", "0", "--preset",
                               "configs/tiny.py:runlocal", "--slots", "4"])
     sargs = ladder.study_args(args, ladder.RUNG2_ARMS)
@@ -51,7 +37,7 @@ def _designs(rewards, admitted=None, items=None):
             "code": ["def solve():\n    return 1" if a else None for a in admitted], "run_admission": 0.75}
 
 
-def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitted(ladder):
+def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitted():
     initial = [-1.0, -1.0, 0.0, 0.2, 0.5, -1.0]
     trained = [0.6, 0.6, 0.6, 0.6, 0.9, 0.6]  # above the control on all 6 prompts: p = 2 / 2**6
     records = {0: {"initial": _designs(initial), "frozen": _designs(initial), "spade": _designs(trained)}}
@@ -73,7 +59,7 @@ def test_rung2_bar_needs_the_trained_designer_above_the_control_and_half_admitte
     assert not ladder.rung2_report({0: {k: _designs(initial) for k in ("initial", "frozen", "spade")}})[1]
 
 
-def test_the_scripted_players_frontier_is_where_the_blend_pays_most(ladder):
+def test_the_scripted_players_frontier_is_where_the_blend_pays_most():
     """Budgets 2.5 / 4.5, width 0.5 (the defaults): finish probabilities 0.73 / 0.99 at length 2
     and 0.27 / 0.95 at 3 give regret above the 0.15 scale (0.4) and a plateau of 1 - 0.13 / 0.25
     (0.288): 0.688 at both; length 4 has regret but no plateau (0.4)."""
@@ -93,7 +79,7 @@ def _scripted_designs(rewards, lengths, items=None):
             "run": {"iteration": [0, 1], "length": [5, 3]}}
 
 
-def test_rung2b_bar_needs_the_trained_designer_above_the_frozen_one_and_nearer_the_frontier(ladder):
+def test_rung2b_bar_needs_the_trained_designer_above_the_frozen_one_and_nearer_the_frontier():
     initial, trained = [0.4, 0.1, 0.4, 0.0, 0.1, 0.4], [0.69, 0.4, 0.69, 0.69, 0.69, 0.69]
     records = {0: {"initial": _scripted_designs(initial, [5, 6, 4, 7, 6, 5]), "frontier": [2, 3],
                    "frozen": _scripted_designs(initial, [5, 6, 4, 7, 6, 5]),
@@ -112,7 +98,7 @@ def _plays(won, **extra):
     return {"items": items, "won": won, "heldout": 0.25, "agent_tokens": 100, "iterations": 2, **extra}
 
 
-def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder):
+def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control():
     initial = [False] * 8
     spade = [True] * 7 + [False]  # 7 discordant, all won after: p = 2 / 2**7
     records = {0: {"initial": _plays(initial), "spade": _plays(spade), "frozen": _plays(initial)}}
@@ -129,7 +115,7 @@ def test_rung3_bar_needs_spade_above_the_initial_policy_and_every_control(ladder
     assert not ladder.rung3_report(result, ["frozen"])[1]  # controls alone
 
 
-def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, ladder, capsys, monkeypatch):
+def test_both_rungs_run_end_to_end_and_resume(tmp_path, tiny_bootstrap_cache, capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")  # the runs: one device, fast compiles
     shared = [f"--override=--config.bootstrap.cache_dir={tiny_bootstrap_cache}",
               f"--override=--config.compile_cache_dir={tmp_path / 'xla'}"]

@@ -10,7 +10,7 @@ peaks at ``L = (budget + hinted_budget) / 2``, and the blend's plateau (plain wi
 there. The environment decides every outcome (a solution that does not win scores what the
 environment says), and every step runs in the sandbox as the policy's plays do.
 
-This is an option for studies (`agent.player = "scripted"`, rung 2b of bench/rl_ladder_loop.py),
+This is an option for studies (`agent.player = "scripted"`, rung 2b of experiments/ladder/loop.py),
 never the method: it generates no tokens, so the agent trains nothing.
 """
 

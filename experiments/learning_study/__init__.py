@@ -27,23 +27,23 @@ Arms (``--arms``, default all):
 has generated N tokens (`config.agent_token_budget`), ``--iterations`` becoming the most it may
 take, so an arm whose plays are short runs more iterations.
 
-The report (``--report``, default ``bench/learning_study.md``, PNGs beside it) gives per arm,
+The report (``--report``, default ``experiments/learning_study/report.md``, PNGs in the folder of
+its name beside it) gives per arm,
 mean ± half the min-max spread over seeds: the held-out score at iteration 0 and at the end
 (greedy, and sampled where the preset sets ``eval.sampled_temperature``),
 admission rate, regret, the unclipped hinted - plain gap and designer reward over the run,
 and plots their curves per iteration.
 
-    python bench/learning_study.py --study_dir /tmp/study                       # tiny, 3 seeds, all 9 arms
-    python bench/learning_study.py --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
-    for arm in spade calibration; do python bench/learning_study.py --study_dir /tmp/study --arms $arm --no_report & done
-    python bench/learning_study.py --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
+    python -m experiments.learning_study --study_dir /tmp/study                 # tiny, 3 seeds, all 9 arms
+    python -m experiments.learning_study --study_dir /tmp/study --arms spade,placebo --seeds 0 --report_only
+    for arm in spade calibration; do python -m experiments.learning_study --study_dir /tmp/study --arms $arm --no_report & done
+    python -m experiments.learning_study --study_dir /tmp/smoke --preset configs/tiny.py:runlocal --iterations 2 \\
         --seeds 0 --arms spade,frozen --override=--config.eval.every=1     # a minutes-long check of the tool
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import subprocess
@@ -54,7 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments import presets
+
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PRESET = "configs/tiny.py"
 DEFAULT_FIXED_POOL_ENVS = 8
 ARMS = {
@@ -71,16 +73,6 @@ ARMS = {
 CURVES = (("designer/admission_rate", "admission rate"), ("env/regret_mean", "regret"),
           ("env/gap_mean", "hinted - plain gap"), ("designer/reward_mean", "designer reward"),
           ("agent/plain_win_rate", "plain win rate (training pool)"))
-
-
-def _preset(spec: str):
-    """The preset's config (``file.py[:arg]``), for the overrides that depend on it."""
-    sys.path.insert(0, str(REPO))
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("study_preset", REPO / path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
 
 
 def _arm_flags(arm: str, preset, args) -> list[str]:
@@ -174,7 +166,7 @@ def _command(args) -> str:
     if args.fixed_pool_envs != DEFAULT_FIXED_POOL_ENVS:
         flags.append(f"--fixed_pool_envs {args.fixed_pool_envs}")
     flags += [f"--override={o}" for o in args.override]
-    return "python bench/learning_study.py " + " ".join(flags)
+    return "python -m experiments.learning_study " + " ".join(flags)
 
 
 def report(args) -> str:
@@ -295,7 +287,8 @@ def _plot(curves: dict, out_dir: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.learning_study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study_dir", type=Path, required=True)
     parser.add_argument("--preset", default=DEFAULT_PRESET)
     parser.add_argument("--arms", default=",".join(ARMS))
@@ -306,7 +299,7 @@ def main() -> None:
                         help="> 0: every run ends once its agent generated this many tokens (equal agent compute)")
     parser.add_argument("--fixed_pool_envs", type=int, default=DEFAULT_FIXED_POOL_ENVS)
     parser.add_argument("--override", action="append", default=[], help="extra --config.x=y flags for every run")
-    parser.add_argument("--report", type=Path, default=REPO / "bench" / "learning_study.md")
+    parser.add_argument("--report", type=Path, default=REPO / "experiments" / "learning_study" / "report.md")
     parser.add_argument("--report_only", action="store_true")
     parser.add_argument("--no_report", action="store_true",
                         help="run only, write no report (for arms run in parallel; then --report_only)")
@@ -320,7 +313,7 @@ def main() -> None:
     if args.report_only and args.no_report:
         parser.error("--report_only and --no_report exclude each other")
     if not args.report_only:
-        run_study(args, _preset(args.preset))
+        run_study(args, presets.load(args.preset))
     if args.no_report:
         return
     text = report(args)

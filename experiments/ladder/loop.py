@@ -1,10 +1,10 @@
 """The learning ladder's rungs 2 and 3: the designer's learning and the whole loop's, each against controls.
 
-    python bench/rl_ladder_loop.py --rung 2 --study_dir DIR [--seeds 0,1,2] [--iterations 10] [--prompts 32]
-    python bench/rl_ladder_loop.py --rung 3 --study_dir DIR [--seeds 0,1,2] --iterations 60 \\
+    python -m experiments.ladder.loop --rung 2 --study_dir DIR [--seeds 0,1,2] [--iterations 10] [--prompts 32]
+    python -m experiments.ladder.loop --rung 3 --study_dir DIR [--seeds 0,1,2] --iterations 60 \\
         --agent_token_budget 15000 [--eval_plays 32]   # tiny: ~1800 agent tokens per spade iteration, ~300 fixed_pool
 
-Both run their arms with `bench/learning_study.py` (each run the main job, resumable: a finished
+Both run their arms with `experiments.learning_study` (each run the main job, resumable: a finished
 run is skipped, an unfinished one resumes from its checkpoint), then score checkpoints; every
 score is cached in ``DIR/ladder/`` by run and checkpoint step, so a rerun only does what is missing.
 
@@ -41,50 +41,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from spade_jax.envs.contract import EPISODE_SEED_SPACE  # noqa: E402
-from spade_jax.progress import progress_bar  # noqa: E402
-from spade_jax.seeds import derive_seed  # noqa: E402
+from experiments import learning_study as study
+from experiments import presets
+from experiments.stats import group_means, mcnemar_p, sign_test_p
+from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.progress import progress_bar
+from spade_jax.seeds import derive_seed
 
 RUNG2_ARMS = ("spade", "frozen")  # trained designer, its control (learning_study.ARMS)
 RUNG3_ARMS = ("spade", "fixed_pool", "frozen", "resample", "placebo")
 PLATEAU = (0.4, 0.6)
 
 
-def _bench(name: str):
-    """A script of bench/ (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"ladder_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-study = _bench("learning_study")
-sanity = _bench("rl_sanity")
-
-
-# ---- statistics ----------------------------------------------------------------------------
-
-
-def sign_test_p(before, after) -> float:
-    """Exact two-sided paired sign test of ``after`` against ``before`` (item i with item i, ties
-    dropped): McNemar's exact test on the signs of the differences."""
-    before, after = np.asarray(before, float), np.asarray(after, float)
-    if before.shape != after.shape:
-        raise ValueError(f"paired samples differ in shape: {before.shape} and {after.shape}")
-    return sanity.mcnemar_p(after < before, after > before)
+# ---- pairing --------------------------------------------------------------------------------
 
 
 def paired(before: dict, after: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +113,7 @@ def run_arms(args, arms) -> argparse.Namespace:
     of their curves. The initial policy's held-out score is evaluated only when the runs evaluate
     theirs (`eval.every` > 0: rung 2 and the runlocal preset do not)."""
     sargs = study_args(args, arms)
-    preset = study._preset(args.preset)
+    preset = presets.load(args.preset)
     if not run_config(sargs, arms[0], args.seeds[0]).eval.every:
         preset.eval.suites = ""
     study.run_study(sargs, preset)
@@ -147,9 +123,9 @@ def run_arms(args, arms) -> argparse.Namespace:
 
 def run_flags(sargs, arm: str, seed: int) -> list[str]:
     """The config flags learning_study gave run (``arm``, ``seed``), the preset's path absolute."""
-    path, sep, arg = sargs.preset.partition(":")
-    flags = study.run_flags(sargs, study._preset(sargs.preset), arm, seed)
-    return [f"--config={REPO / path}{sep}{arg}", *flags[1:]]
+    path, arg = presets.split(sargs.preset)
+    flags = study.run_flags(sargs, presets.load(sargs.preset), arm, seed)
+    return [f"--config={path}" + (f":{arg}" if arg else ""), *flags[1:]]
 
 
 def run_config(sargs, arm: str, seed: int):
@@ -158,7 +134,7 @@ def run_config(sargs, arm: str, seed: int):
     from absl import flags
     from ml_collections import config_flags
 
-    argv = ["rl_ladder_loop", *run_flags(sargs, arm, seed)]
+    argv = ["experiments.ladder.loop", *run_flags(sargs, arm, seed)]
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "preset", flag_values=values, lock_config=True, sys_argv=argv)
     values(argv)
@@ -658,7 +634,7 @@ def play_families(policy, config, seeds: dict[str, list[int]], stream: int, pool
 
 def level_rates(record: dict) -> str:
     """A scored set's win rate per level (items ``family/level/seed``), levels in first-seen order."""
-    rates = sanity._by_program([item.split("/")[1] for item in record["items"]], record["won"])
+    rates = group_means([item.split("/")[1] for item in record["items"]], record["won"])
     return " / ".join(f"{rate:.2f}" for rate in rates.values())
 
 
@@ -715,13 +691,13 @@ def rung3_report(result: dict, arms) -> tuple[list[str], bool]:
                   "agent tokens | iterations |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for seed, record in records.items():
             b, a = paired(record["initial"], record[arm], "won")
-            p_initial = sanity.mcnemar_p(b.astype(bool), a.astype(bool))
+            p_initial = mcnemar_p(b.astype(bool), a.astype(bool))
             vs_spade = "–"
             if arm == "spade":
                 met &= p_initial < 0.05 and a.mean() > b.mean()
             elif "spade" in record:
                 c, s = paired(record[arm], record["spade"], "won")
-                p_spade = sanity.mcnemar_p(c.astype(bool), s.astype(bool))
+                p_spade = mcnemar_p(c.astype(bool), s.astype(bool))
                 vs_spade = f"{p_spade:.3g} ({a.mean():.3f} vs {s.mean():.3f})"
                 met &= p_spade < 0.05 and s.mean() > c.mean()
             levels = f"{level_rates(record['initial'])} → {level_rates(record[arm])}"
@@ -774,7 +750,7 @@ def command(args) -> str:
     if args.agent_token_budget:
         flags.append(f"--agent_token_budget {args.agent_token_budget}")
     flags += [f"--override={o}" for o in args.override]
-    return "python bench/rl_ladder_loop.py " + " ".join(flags)
+    return "python -m experiments.ladder.loop " + " ".join(flags)
 
 
 def write_report(args, result, lines: list[str], met: bool, seconds: float) -> str:
@@ -790,7 +766,8 @@ def write_report(args, result, lines: list[str], met: bool, seconds: float) -> s
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m experiments.ladder.loop", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rung", choices=("2", "2b", "3"), required=True)
     parser.add_argument("--study_dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: --study_dir)")
