@@ -53,7 +53,7 @@ def get_config(arg=None):
     c.hints.mode = "strategy"
     # Novelty against memory rejects only exact repeats (same shape, same constants): the bootstrap's
     # repertoire is its training renderings, so at a lower threshold its admission collapses after
-    # the first design round, from near-repeats of earlier designs (bench/designer_repeats.py).
+    # the first design round, from near-repeats of earlier designs (experiments/bootstrap/designer_repeats.py).
     # The reference has no novelty stage at all.
     c.admission.novelty_threshold = 1.0
 

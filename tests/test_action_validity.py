@@ -1,6 +1,8 @@
-"""bench/action_validity.py: accepted actions counted from hand-written evaluation rows."""
+"""experiments/bootstrap/action_validity.py: accepted actions counted from hand-written evaluation rows."""
 
 import json
+
+from experiments.bootstrap import action_validity as validity
 
 
 def _row(group, end, solved, *turns):
@@ -12,8 +14,7 @@ def _row(group, end, solved, *turns):
     return {"group": group, "solved": solved, "details": {"end": end}, "output": chat}
 
 
-def test_rejections_count_against_a_family_and_an_unanswered_last_action_is_not_judged(tmp_path, bench_script):
-    validity = bench_script("action_validity")
+def test_rejections_count_against_a_family_and_an_unanswered_last_action_is_not_judged(tmp_path):
     rows = [
         _row("walk", "truncated", False, ("\\boxed{A}", "Invalid action. Reply with up."),
              ("\\boxed{up}", "You moved."), ("\\boxed{up}", None)),

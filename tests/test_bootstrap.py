@@ -1,7 +1,7 @@
 """The tiny preset's bootstrap: its training data, tokenizer, a short training run and the cache.
 
 The full-size bar (admission rate of designed programs, agent win rate) is measured by
-bench/tiny_bootstrap.py; here a very small configuration checks the mechanism.
+experiments/bootstrap/tiny_bootstrap.py; here a very small configuration checks the mechanism.
 """
 
 import dataclasses

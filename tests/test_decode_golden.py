@@ -1,9 +1,9 @@
 """The demo and the benchmarks decode the tokens they decoded on `sampling.sampler.generate`.
 
 `generate` (one prefill and one in-graph decode loop per call; removed in 66e45dc) served
-`spade_jax/demo.py`, `bench/sampler_vs_hf.py`, the designer prompts of `bench/tiny_bootstrap.py`
-and `bench/designer_repeats.py`, and the lock-step turns of `bench/rollout.py`, until they moved
-onto the rollout engine (`generate_on_rows`, issue 49). Each case below is one of those calls (its
+`spade_jax/demo.py`, `bench/sampler_vs_hf.py`, the designer prompts of
+`experiments/bootstrap/tiny_bootstrap.py` and `experiments/bootstrap/designer_repeats.py`, and the
+lock-step turns of `bench/rollout.py`, until they moved onto the rollout engine (`generate_on_rows`, issue 49). Each case below is one of those calls (its
 settings, prompt lengths and stop tokens) on a 2-layer model whose weights are drawn by numpy, so
 they do not depend on JAX's initialisers; the golden tokens are what `generate` returned at
 commit b45368a, greedy. Every greedy step's top two logits differ by at least 0.035 here, far
@@ -62,7 +62,7 @@ CASES = {
         [-3.1404, -3.3322, -5.9174],
         [False, False, False],
     ),
-    # bench/tiny_bootstrap.py and bench/designer_repeats.py at temperature 0: designer prompts
+    # experiments/bootstrap/tiny_bootstrap.py and designer_repeats.py at temperature 0: designer prompts
     "designer": (
         dict(prompts=_prompts(3, [41, 57, 33, 60, 48, 38]), max_new_tokens=40, temperature=0.0, top_p=1.0, top_k=0,
              seed=0),

@@ -13,8 +13,8 @@ A gap is the mean over matched pairs of hinted minus plain reward; its 95% inter
 paired bootstrap that resamples programs (the pairs of one program share its hint and its
 difficulty) with replacement, `--resamples` times. Output: a markdown table on stdout.
 
-    python bench/hint_gap.py --load workdirs/tiny/bootstrap/bootstrap-<key>   # the tiny bootstrap
-    python bench/hint_gap.py --quick                                          # a smoke run, random policy
+    python -m experiments.hints.hint_gap --load workdirs/tiny/bootstrap/bootstrap-<key>   # the tiny bootstrap
+    python -m experiments.hints.hint_gap --quick                                          # a smoke run, random policy
 
 Without ``--load`` the policy is a tiny random model with a SentencePiece tokenizer trained on
 the seed library (it wins almost nothing: the run only shows the bench works). ``--quick``
@@ -25,34 +25,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from spade_jax.agent import AgentConfig, play_episodes  # noqa: E402
-from spade_jax.agent.hints import HintConfig, matched_requests, write_hints  # noqa: E402
-from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.progress import progress_bar  # noqa: E402
-from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from experiments.stats import paired_gap
+from spade_jax.agent import AgentConfig, play_episodes
+from spade_jax.agent.hints import HintConfig, matched_requests, write_hints
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT
+from spade_jax.envs import library
+from spade_jax.progress import progress_bar
+from spade_jax.sandbox import SandboxConfig, SandboxPool
 
 MODES = ("strategy", "resample", "placebo", "solution")
-
-
-def paired_gap(pairs_by_program: list[list[float]], resamples: int, rng: np.random.Generator):
-    """Mean hinted-minus-plain difference over all pairs and its 95% bootstrap interval, programs resampled."""
-    sums = np.array([sum(p) for p in pairs_by_program])
-    counts = np.array([len(p) for p in pairs_by_program])
-    if not counts.sum():
-        return float("nan"), (float("nan"), float("nan"))
-    picks = rng.integers(len(sums), size=(resamples, len(sums)))
-    means = sums[picks].sum(1) / np.maximum(counts[picks].sum(1), 1)
-    return float(sums.sum() / counts.sum()), tuple(float(q) for q in np.quantile(means, [0.025, 0.975]))
 
 
 def _random_policy():

@@ -9,9 +9,9 @@ query + tool list, one tool call per turn, tool results as observations) on the 
 trajectories, and the `envs` suite on the tiny preset's held-out programs (greedy, as
 configs/tiny.py sets ``eval.suites``) is scored before and after.
 
-    python bench/trajectories_sft.py --bootstrap_dir /work/study/bootstrap/bootstrap-<key>
-    python bench/trajectories_sft.py --bootstrap_dir DIR --num 4 --steps 4 --episodes 2   # a quick check
-    python bench/trajectories_sft.py --bootstrap_dir DIR --writer smollm2   # SmolLM2 writes the queries
+    python -m experiments.related.trajectories_sft --bootstrap_dir /work/study/bootstrap/bootstrap-<key>
+    python -m experiments.related.trajectories_sft --bootstrap_dir DIR --num 4 --steps 4 --episodes 2   # a quick check
+    python -m experiments.related.trajectories_sft --bootstrap_dir DIR --writer smollm2   # SmolLM2 writes the queries
 
 ``--writer smollm2`` has the pip-packaged SmolLM2-135M-Instruct write the user queries (a
 pretrained writer synthesizing data for a weaker policy, as EnvFactory uses a strong model);
@@ -23,28 +23,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from configs import smollm2_135m, tiny  # noqa: E402
-from spade_jax.agent import play_episodes  # noqa: E402
-from spade_jax.bootstrap import BootstrapConfig, build as bootstrap  # noqa: E402
-from spade_jax.bootstrap import data  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.evals import runner  # noqa: E402
-from spade_jax.related.trajectories import ChainConfig, SynthConfig, summary_table, synthesize  # noqa: E402
-from spade_jax.related.trajectories.queries import agent_observation  # noqa: E402
-from spade_jax.rl.batch import pack  # noqa: E402
-from spade_jax.rl.train import LossConfig, OptimConfig, Trainer  # noqa: E402
-from spade_jax.sampling.chat import complete_chats  # noqa: E402
-from spade_jax.sandbox import SandboxPool  # noqa: E402
-from spade_jax.selfplay import config as config_lib  # noqa: E402
-from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config  # noqa: E402
+from configs import smollm2_135m, tiny
+from spade_jax.agent import play_episodes
+from spade_jax.bootstrap import BootstrapConfig, build as bootstrap
+from spade_jax.bootstrap import data
+from spade_jax.envs import library
+from spade_jax.evals import runner
+from spade_jax.related.trajectories import ChainConfig, SynthConfig, summary_table, synthesize
+from spade_jax.related.trajectories.queries import agent_observation
+from spade_jax.rl.batch import pack
+from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
+from spade_jax.sampling.chat import complete_chats
+from spade_jax.sandbox import SandboxPool
+from spade_jax.selfplay import config as config_lib
+from spade_jax.selfplay.initial_policy import build_policy, mesh_from_config
 
 
 def sft_sequences(tokenizer, examples):
@@ -121,7 +117,8 @@ def main() -> None:
     loss = f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "-"
     print(f"| {len(examples)} | {len(losses)} | {loss} | {before:.3f} | {after:.3f} | "
           f"{time.perf_counter() - started:.0f}s |")
-    print(f"\nheld-out: {held} programs x {args.episodes} greedy plays each; command: python bench/trajectories_sft.py "
+    print(f"\nheld-out: {held} programs x {args.episodes} greedy plays each; command: "
+          "python -m experiments.related.trajectories_sft "
           f"--bootstrap_dir {args.bootstrap_dir} --num {args.num} --steps {args.steps} --episodes {args.episodes} "
           f"--writer {args.writer}",
           flush=True)

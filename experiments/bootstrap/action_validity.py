@@ -8,7 +8,7 @@ the answer rejects it as procedure memory reads observations (`procedures.observ
 "Invalid ...", "Error ..." and the like). The last action of a truncated episode has no answer
 and is not judged.
 
-    python bench/action_validity.py WORKDIR/evals/initial/envs-11-programs.jsonl WORKDIR/evals/10/envs-11-programs.jsonl
+    python -m experiments.bootstrap.action_validity WORKDIR/evals/initial/envs-11-programs.jsonl WORKDIR/evals/10/envs-11-programs.jsonl
 """
 
 from __future__ import annotations

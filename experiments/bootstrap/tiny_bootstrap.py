@@ -11,8 +11,8 @@ program of the same designer batch (``--batch``, the tiny preset's designer.num_
 The bar: at least half of the designed programs are admitted, and the agent's plain win
 rate over the admitted pool is strictly between 0 and 1.
 
-    python bench/tiny_bootstrap.py                      # bootstrap (cached) + bar
-    python bench/tiny_bootstrap.py --fresh --samples 48 --temperature 0.6
+    python -m experiments.bootstrap.tiny_bootstrap                      # bootstrap (cached) + bar
+    python -m experiments.bootstrap.tiny_bootstrap --fresh --samples 48 --temperature 0.6
 """
 
 from __future__ import annotations
@@ -26,18 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from absl import logging
 
-import numpy as np  # noqa: E402
-from absl import logging  # noqa: E402
-
-from spade_jax.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
-from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, AgentConfig, EpisodeRequest, play_episodes  # noqa: E402
-from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.sampling import generate_on_rows  # noqa: E402
-from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
-from spade_jax.bootstrap import build as bootstrap  # noqa: E402
-from spade_jax.bootstrap import data  # noqa: E402
+from spade_jax.admission import STAGES, AdmissionConfig, admit_batch
+from spade_jax.agent.rollout import AGENT_SYSTEM_PROMPT, AgentConfig, EpisodeRequest, play_episodes
+from spade_jax.designer.corpus import Corpus, CorpusConfig
+from spade_jax.sampling import generate_on_rows
+from spade_jax.sandbox import SandboxConfig, SandboxPool
+from spade_jax.bootstrap import build as bootstrap
+from spade_jax.bootstrap import data
 
 
 def _rss_mb(who=resource.RUSAGE_SELF) -> float:
@@ -178,7 +176,7 @@ def main() -> None:
             print(f"--- rejected at {report.stage}: {report.reason}\n{text[:1500]}\n")
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
-    print("\nreproduce: python bench/tiny_bootstrap.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: python -m experiments.bootstrap.tiny_bootstrap " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -11,39 +11,28 @@
 Prints a markdown table (win rate per program group, overall and per program) and the
 preplayed path of each key. Training-free: the policy is not updated.
 
-    python bench/procedure_memory.py --bootstrap_dir /work/study/bootstrap
-    python bench/procedure_memory.py --bootstrap_dir DIR/bootstrap-<key> --rounds 1 --plays 2 --limit 8  # a check
+    python -m experiments.related.procedure_memory --bootstrap_dir /work/study/bootstrap
+    python -m experiments.related.procedure_memory --bootstrap_dir DIR/bootstrap-<key> --rounds 1 --plays 2 --limit 8  # a check
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from spade_jax.agent import EpisodeRequest, play_episodes  # noqa: E402
-from spade_jax.bootstrap.build import BootstrapError, cache_path, load_bootstrap  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.envs.contract import EPISODE_SEED_SPACE  # noqa: E402
-from spade_jax.evals import runner  # noqa: E402
-from spade_jax.related.procedures.memory import ProcedureConfig, ProcedureMemory, abstract  # noqa: E402
-from spade_jax.sandbox import SandboxPool  # noqa: E402
-from spade_jax.seeds import derive_seed  # noqa: E402
-from spade_jax.selfplay import config as config_lib  # noqa: E402
-
-
-def _preset(spec: str):
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("bench_preset", REPO / path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
+from experiments import presets
+from spade_jax.agent import EpisodeRequest, play_episodes
+from spade_jax.bootstrap.build import BootstrapError, cache_path, load_bootstrap
+from spade_jax.envs import library
+from spade_jax.envs.contract import EPISODE_SEED_SPACE
+from spade_jax.evals import runner
+from spade_jax.related.procedures.memory import ProcedureConfig, ProcedureMemory, abstract
+from spade_jax.sandbox import SandboxPool
+from spade_jax.seeds import derive_seed
+from spade_jax.selfplay import config as config_lib
 
 
 def _policy(directory: Path, c):
@@ -103,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
 
-    c = _preset(args.preset)
+    c = presets.load(args.preset)
     policy, path = _policy(args.bootstrap_dir.expanduser(), c)
     agent_cfg = config_lib.agent_config(c)
     eval_cfg = dataclasses.replace(config_lib.eval_config(c), limit=args.limit, seed=args.seed)
@@ -128,7 +117,7 @@ def main() -> None:
                 else:
                     lines += _rows(label, without, guided)
 
-    command = "python bench/procedure_memory.py " + " ".join(sys.argv[1:])
+    command = "python -m experiments.related.procedure_memory " + " ".join(sys.argv[1:])
     print(f"\n`{command}`\n\npolicy {path}; preset {args.preset}; key {args.key}; fill {args.rounds} rounds x "
           f"{args.plays} plays x {len(programs)} families (plain win rate per round: "
           f"{', '.join(f'{r:.3f}' for r in rates)}); scored greedy, {eval_cfg.plays_per_program} seeds per program "

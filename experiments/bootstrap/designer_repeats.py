@@ -1,7 +1,7 @@
 """How fast does novelty against memory use up a designer's repertoire? Admission round by round, untrained.
 
 Samples ``--rounds`` designer batches of ``--slots`` programs from a policy at once (the
-iteration-0 prompts of `bench/tiny_bootstrap.py`: a memory seeded with the library,
+iteration-0 prompts of `experiments.bootstrap.tiny_bootstrap`: a memory seeded with the library,
 documents from the shipped corpus, skills and difficulties cycled), then admits them
 round by round as the loop does: each round against an archive of the seed programs the
 preset keeps in memory plus every program admitted in earlier rounds, and against the
@@ -10,26 +10,23 @@ same programs show how much of the admission rate each setting costs. The policy
 trained between rounds: this measures the repertoire a designer starts with, not what RL
 does to it.
 
-    python bench/designer_repeats.py --load /work/boot/<dir>/bootstrap-<key>
+    python -m experiments.bootstrap.designer_repeats --load /work/boot/<dir>/bootstrap-<key>
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from spade_jax.admission import AdmissionConfig, admit_batch  # noqa: E402
-from spade_jax.bootstrap import build as bootstrap  # noqa: E402
-from spade_jax.bootstrap import data  # noqa: E402
-from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.sampling import generate_on_rows  # noqa: E402
-from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from spade_jax.admission import AdmissionConfig, admit_batch
+from spade_jax.bootstrap import build as bootstrap
+from spade_jax.bootstrap import data
+from spade_jax.designer.corpus import Corpus, CorpusConfig
+from spade_jax.envs import library
+from spade_jax.sampling import generate_on_rows
+from spade_jax.sandbox import SandboxConfig, SandboxPool
 
 
 def _setting(text: str) -> AdmissionConfig:
@@ -82,7 +79,7 @@ def main() -> None:
     print("| --- |" + " --- |" * args.rounds)
     for setting, cells in table.items():
         print(f"| {setting} | " + " | ".join(cells) + " |")
-    print("\nreproduce: python bench/designer_repeats.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: python -m experiments.bootstrap.designer_repeats " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

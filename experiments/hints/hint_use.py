@@ -17,7 +17,7 @@ bootstrap trains on and the held-out rest. ``--drills N`` adds a row of N hint d
 play of the trained families (`bootstrap.data.hint_drill`: values relabelled at random, so
 only the plan predicts them; `wrong` is the next drill's plan): the purest test of copying.
 
-    python bench/hint_use.py --load /work/study/bootstrap/bootstrap-<key> [--drills 2]
+    python -m experiments.hints.hint_use --load /work/study/bootstrap/bootstrap-<key> [--drills 2]
 """
 
 from __future__ import annotations
@@ -25,20 +25,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from spade_jax.agent.rollout import placebo_hint, solution_hint  # noqa: E402
-from spade_jax.bootstrap import build as bootstrap  # noqa: E402
-from spade_jax.bootstrap import data  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.rl.batch import pack  # noqa: E402
-from spade_jax.rl.train import LossConfig, OptimConfig, Trainer  # noqa: E402
-from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from spade_jax.agent.rollout import placebo_hint, solution_hint
+from spade_jax.bootstrap import build as bootstrap
+from spade_jax.bootstrap import data
+from spade_jax.envs import library
+from spade_jax.rl.batch import pack
+from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
+from spade_jax.sandbox import SandboxConfig, SandboxPool
 
 CONDITIONS = ("none", "plan", "placebo", "wrong")
 

@@ -1,0 +1,1 @@
+"""The related systems (`spade_jax/related/`) measured: procedure memory held-out (`procedure_memory`), SFT on synthesized trajectories (`trajectories_sft`), both with calibration inside self-play (`study.md`)."""
