@@ -17,21 +17,16 @@ from __future__ import annotations
 import argparse
 import collections
 import random
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from spade_jax.admission import STAGES, AdmissionConfig, admit_batch  # noqa: E402
-from spade_jax.bootstrap import build, data  # noqa: E402
-from spade_jax.designer.corpus import Corpus, CorpusConfig  # noqa: E402
-from spade_jax.designer.prompts import designer_answer  # noqa: E402
-from spade_jax.envs import library  # noqa: E402
-from spade_jax.sandbox import SandboxConfig, SandboxPool  # noqa: E402
+from spade_jax.admission import STAGES, AdmissionConfig, admit_batch
+from spade_jax.bootstrap import build, data
+from spade_jax.designer.corpus import Corpus, CorpusConfig
+from spade_jax.designer.prompts import designer_answer
+from spade_jax.envs import library
+from spade_jax.sandbox import SandboxConfig, SandboxPool
 
 
 def bootstrap_renderings() -> list[str]:

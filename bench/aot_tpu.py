@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -78,6 +77,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
+from experiments import presets  # noqa: E402
 from spade_jax.models.config import ModelConfig  # noqa: E402
 from spade_jax.sampling.memory_plan import PUBLISHED_ARCHITECTURES  # noqa: E402
 from spade_jax.models.policy import Policy, abstract_model  # noqa: E402
@@ -90,7 +90,6 @@ from spade_jax.sampling import paged_cache  # noqa: E402
 from spade_jax.sampling.batching import bucket  # noqa: E402
 from spade_jax.selfplay import config as config_lib  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
 QWEN3_STOP_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>: the stop ids of the Qwen3 tokenizer
 
@@ -128,15 +127,6 @@ PRESET_SLICES = {
 
 
 # ---- the plan -------------------------------------------------------------------------------
-
-
-def load_preset(name: str):
-    """The preset's ConfigDict (`configs/<name>.py`, `get_config()`)."""
-    path = REPO / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"configs.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def chips_of(topology: str) -> tuple[str, int]:
@@ -210,7 +200,7 @@ class Plan:
 
 
 def make_plan(args, preset: str) -> Plan:
-    c = load_preset(preset)
+    c = presets.load(preset)
     slice_ = PRESET_SLICES.get(preset)
     if args.topology:
         slice_ = Slice(args.topology, args.topology, tuple(c.mesh.shape))
@@ -681,9 +671,9 @@ def main(argv=None) -> int:
     programs = [x for x in args.programs.split(",") if x]
     if unknown := set(programs) - set(PROGRAMS):
         p.error(f"unknown programs {sorted(unknown)}; choose from {PROGRAMS}")
-    presets = args.preset or [n for n in PRESET_SLICES if (REPO / "configs" / f"{n}.py").exists()]
+    names = args.preset or [n for n in PRESET_SLICES if n in presets.names()]
     plans = []
-    for name in presets:
+    for name in names:
         try:
             plans.append(make_plan(args, name))
         except ValueError as e:  # a preset that its slice's run would refuse: say why, go on

@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODELS = ("qwen3_0p6b", "qwen3_4b")
 ROWS = (32, 128, 256)

@@ -42,9 +42,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 ENVS = ("shopping", "tallest", "nearest_city", "hidden_rule", "shortest_path", "plant_experiment",
         "number_guess", "grid_walk")
 

@@ -39,9 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 TEXT = (
     "The history of mathematics spans thousands of years, from counting marks on bones to the abstract "
     "structures of modern algebra and topology. Early civilisations in Mesopotamia and Egypt developed "

@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from spade_jax.envs import SUCCESS_REWARD, ToolUseEnv, extract_boxed
+from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool
 
-from spade_jax.envs import SUCCESS_REWARD, ToolUseEnv, extract_boxed  # noqa: E402
-from spade_jax.sandbox import EpisodeSpec, SandboxConfig, SandboxPool  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TRIVIAL = '''
 class TrivialEnv:

@@ -36,9 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 LR, BETAS, EPS, WEIGHT_DECAY, GRAD_CLIP = 1e-6, (0.9, 0.98), 1e-8, 0.1, 1.0
 EPS_LOW, EPS_HIGH, TIS_CAP = 0.2, 0.28, 2.0
 

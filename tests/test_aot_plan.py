@@ -13,13 +13,10 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from bench import aot_tpu as aot
+
 REPO = Path(__file__).resolve().parents[1]
 MESH = AbstractMesh((4, 1, 2), ("data", "fsdp", "tensor"))
-
-
-@pytest.fixture(scope="module")
-def aot(bench_script):
-    return bench_script("aot_tpu")
 
 
 def leaf(shape, dtype, *spec):
@@ -45,7 +42,7 @@ def test_dry_run_with_float32_sampling_reads_the_masters():
     assert "sampling weights: float32 (the masters)" in out.stdout, out.stdout
 
 
-def test_per_device_bytes_sums_each_leafs_shard(aot):
+def test_per_device_bytes_sums_each_leafs_shard():
     tree = {
         "w": leaf((8, 6), jnp.float32, ("data", "fsdp"), "tensor"),  # shard (2, 3): 6 x 4 = 24 bytes
         "norm": leaf((16,), jnp.bfloat16),  # replicated: 16 x 2 = 32
@@ -55,7 +52,7 @@ def test_per_device_bytes_sums_each_leafs_shard(aot):
     assert aot.per_device_bytes(tree) == 24 + 32 + 40 + 4
 
 
-def test_sampling_copy_casts_the_floating_matrices_only(aot):
+def test_sampling_copy_casts_the_floating_matrices_only():
     tree = {"w": leaf((8, 6), jnp.float32, "data", "tensor"), "norm": leaf((16,), jnp.float32),
             "ids": leaf((4, 4), jnp.int32, "data")}
     copy = aot.sampling_copy(tree, "bfloat16")
@@ -65,7 +62,7 @@ def test_sampling_copy_casts_the_floating_matrices_only(aot):
     assert aot.sampling_copy(tree, None) == tree
 
 
-def test_decode_bound_reads_every_weight_and_every_full_row(aot):
+def test_decode_bound_reads_every_weight_and_every_full_row():
     # KV: 2 rows x 16 slots x 3 layers x (K and V) x 4 heads x 8 dims x 2 bytes = 12288 bytes
     bytes_, seconds = aot.decode_bound(weight_bytes=1000, rows_per_device=2, cache_length=16, layers=3,
                                        kv_heads_per_device=4, head_dim=8, cache_itemsize=2, hbm_bytes_per_s=1e4)

@@ -8,6 +8,8 @@ import urllib.request
 
 import pytest
 
+from bench import tau2_bench as tau2
+
 
 def _tau2_install(tmp_path, domains=("mock", "retail")):
     venv, repo = tmp_path / "venv", tmp_path / "tau2-bench"
@@ -18,8 +20,7 @@ def _tau2_install(tmp_path, domains=("mock", "retail")):
     return [f"--tau2_venv={venv}", f"--tau2_repo={repo}", f"--out={tmp_path / 'out'}"]
 
 
-def test_arguments_default_to_both_domains_and_the_served_user(tmp_path, bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_arguments_default_to_both_domains_and_the_served_user(tmp_path):
     args = tau2.parse_args(_tau2_install(tmp_path))
     assert args.domains == ["mock", "retail"] and args.user_llm == tau2.SERVED
     assert args.workdir == tmp_path / "out" / "serve" and args.config == "configs/smollm2_135m.py"
@@ -32,8 +33,7 @@ def test_arguments_default_to_both_domains_and_the_served_user(tmp_path, bench_s
     ("bad_json", "--user_llm_args is not JSON"),
     ("zero_tasks", "--num_tasks must be at least 1"),
 ])
-def test_a_missing_install_or_bad_argument_is_one_message(tmp_path, bench_script, capsys, broken, message):
-    tau2 = bench_script("tau2_bench")
+def test_a_missing_install_or_bad_argument_is_one_message(tmp_path, capsys, broken, message):
     argv = _tau2_install(tmp_path, domains=("mock",) if broken == "no_retail" else ("mock", "retail"))
     if broken == "no_tau2":
         (tmp_path / "venv" / "bin" / "tau2").unlink()
@@ -44,8 +44,7 @@ def test_a_missing_install_or_bad_argument_is_one_message(tmp_path, bench_script
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_only_the_agent_and_a_served_user_are_routed_to_the_server(tmp_path, bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_only_the_agent_and_a_served_user_are_routed_to_the_server(tmp_path):
     install = _tau2_install(tmp_path)
 
     def llm_args(argv, flag):
@@ -101,8 +100,7 @@ def _post(url, content):
         return e.code, json.loads(e.read())
 
 
-def test_the_proxy_passes_replies_through_and_logs_each_request(tmp_path, bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_the_proxy_passes_replies_through_and_logs_each_request(tmp_path):
     upstream = _Upstream()
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     log = tmp_path / "requests.jsonl"
@@ -125,8 +123,7 @@ def test_the_proxy_passes_replies_through_and_logs_each_request(tmp_path, bench_
     assert entries[1]["code"] == "context_length_exceeded" and "maximum context length" in entries[1]["error"]
 
 
-def test_a_server_that_is_gone_is_a_logged_502(tmp_path, bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_a_server_that_is_gone_is_a_logged_502(tmp_path):
     closed = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     port = closed.server_address[1]
     closed.server_close()
@@ -136,8 +133,7 @@ def test_a_server_that_is_gone_is_a_logged_502(tmp_path, bench_script):
     assert [e["status"] for e in tau2.read_log(tmp_path / "requests.jsonl")] == [502]
 
 
-def test_the_table_from_a_request_log_and_results(tmp_path, bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_the_table_from_a_request_log_and_results(tmp_path):
     log = [{"domain": "retail", "status": 200, "seconds": 2.0, "prompt_tokens": 5000, "cached_tokens": 0,
             "completion_tokens": 10, "tool_calls": 1},
            {"domain": "retail", "status": 200, "seconds": 1.0, "prompt_tokens": 5200, "cached_tokens": 4800,
@@ -165,8 +161,7 @@ def test_the_table_from_a_request_log_and_results(tmp_path, bench_script):
     assert empty["tasks"] == 0 and empty["pass1"] != empty["pass1"]  # nan: no task ran
 
 
-def test_the_servers_access_log_is_counted_by_status(bench_script):
-    tau2 = bench_script("tau2_bench")
+def test_the_servers_access_log_is_counted_by_status():
     text = "\n".join([
         "2026-12-06 06:29:36,262 INFO 127.0.0.1:39200 POST /v1/chat/completions 200 tokens=840+96 13.637s",
         "2026-12-06 06:29:37,001 INFO 127.0.0.1:39202 POST /v1/chat/completions 400 0.010s the prompt has 9000 tokens",
