@@ -79,7 +79,7 @@ class BootstrapConfig:
     Prompts: ``prompt`` sizes the designer prompts trained on; a run passes its own
     `config.designer.prompt`, so the bootstrap is trained on the prompts its designer
     builds. No exemplars by default: the small model wrote broken programs for prompts
-    whose exemplars differed from its training ones (bench/RESULTS.md); without them the
+    whose exemplars differed from its training ones (experiments/bootstrap/README.md); without them the
     prompts it answers look the same at every iteration.
     Data: designer answers are structural variants of the seed programs named in ``envs``
     (one per prompt skill at least), ``num_programs`` of them rendered (each rewrite
@@ -93,20 +93,20 @@ class BootstrapConfig:
     These are pretraining transcripts, not self-play's hints (`tiny` measures regret with
     `strategy` hints either way): with "strategy" the 300-step build's designer wrote
     admissible programs for 4 of 24 iteration-0 prompts, with "solution" for 14 of 24
-    (bench/RESULTS.md, 2026-12-04). A share ``hint_drill_share`` of the agent transcripts in
+    (experiments/bootstrap/README.md, 2026-12-04). A share ``hint_drill_share`` of the agent transcripts in
     the rows can be hint drills (`data.hint_drill`: a hinted transcript relabelled at
     random, so only its plan predicts its actions), drawn fresh each time so that none
     repeats and copying the plan is the only way to predict them (a drill shows a plan, so
     it needs ``hint_mode`` "solution"). Off by default: at 600
     steps, shares 0.5 and 0.75 taught the plan's form, not its content, and cut the sampled
-    hinted win rate at iteration 0 (bench/RESULTS.md, 2026-12-02, hint drills).
+    hinted win rate at iteration 0 (2026-12-02: experiments/bootstrap/README.md, experiments/hints/README.md).
     Model: Llama family, SentencePiece with ``vocab_size`` pieces of up to
     ``max_piece_chars`` characters (whole code lines become single tokens), untied embeddings.
     Training: ``steps`` AdamW steps of ``rows`` packed rows of ``row_length`` tokens
     (one designer example per row, agent transcripts in the rest), ``micro_batch_rows``
     rows at a time, linear warmup then cosine decay to lr/10. 300 steps build in about 6
     minutes on 2 cores at 2000 tokens/s; 600 took twice as long, admitted 13 of 24 designs at
-    iteration 0 against 15 of 24 and won more plain plays (0.21 against 0.07; bench/RESULTS.md).
+    iteration 0 against 15 of 24 and won more plain plays (0.21 against 0.07; experiments/bootstrap/README.md).
     """
 
     seed: int = 0
