@@ -1,7 +1,7 @@
 """Test session setup: 8 fake CPU devices so sharded and single-device runs share one process.
 
 XLA compiles without backend optimisation: the tests' models are tiny, so compiling is most of
-their time (tests/test_train.py: 162 s at the default level, 78 s at level 0; bench/RESULTS.md).
+their time (tests/test_train.py: 162 s at the default level, 78 s at level 0; `git log -p bench/RESULTS.md`).
 Every comparison in the suite is between programs compiled the same way.
 """
 import os
@@ -92,9 +92,6 @@ def small_tokenizer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bootstrap_cache(tmp_path_factory) -> Path:
     """A bootstrap cache holding the `tiny:runlocal` policy (built once per session, about a minute)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from configs import tiny
     from spade_jax.bootstrap import BootstrapConfig, bootstrap_policy
 
@@ -104,9 +101,6 @@ def tiny_bootstrap_cache(tmp_path_factory) -> Path:
 
 
 _RUNLOCAL_CONFIG = '''"""tiny:runlocal with the test session's bootstrap cache."""
-import sys
-
-sys.path.insert(0, {repo!r})
 from configs import tiny
 
 
@@ -122,11 +116,10 @@ def get_config(arg=None):
 def runlocal_config(tmp_path_factory, tiny_bootstrap_cache):
     """`runlocal_config(iterations) -> path` of a config file for `spade_jax.main` (tiny:runlocal, shared cache)."""
     directory = tmp_path_factory.mktemp("configs")
-    repo = str(Path(__file__).resolve().parents[1])
 
     def write(iterations: int) -> Path:
         path = directory / f"runlocal_{iterations}.py"
-        path.write_text(_RUNLOCAL_CONFIG.format(repo=repo, cache=str(tiny_bootstrap_cache), iterations=iterations))
+        path.write_text(_RUNLOCAL_CONFIG.format(cache=str(tiny_bootstrap_cache), iterations=iterations))
         return path
 
     return write

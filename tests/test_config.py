@@ -1,12 +1,12 @@
 """Presets load and validate; nonsense stops before any work with one message naming the field."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from experiments import presets
 from spade_jax.selfplay.config import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,12 +16,9 @@ DEVICES = {"qwen3_30b_a3b": (8, 32)}
 
 
 def _preset(name: str, arg: str | None = None):
-    spec = importlib.util.spec_from_file_location(f"preset_{name}", REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config(arg)
+    module = presets.module(name)
     assert module.__doc__ and "python -m spade_jax.main" in module.__doc__  # the run command
-    return config
+    return presets.load(f"{name}:{arg}" if arg else name)
 
 
 @pytest.mark.parametrize("name", PRESETS)

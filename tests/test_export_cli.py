@@ -6,7 +6,6 @@ an orbax checkpoint of a `Trainer` whose parameters differ from the bootstrap's.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+
+from experiments import presets
 
 REPO = Path(__file__).resolve().parents[1]
 STEP = 2
@@ -38,10 +39,7 @@ def run_dir(runlocal_config, tmp_path_factory):
     from spade_jax.selfplay import config as config_lib
     from spade_jax.selfplay.checkpoint import Checkpointer
 
-    spec = importlib.util.spec_from_file_location("runlocal", runlocal_config(1))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = presets.load(str(runlocal_config(1)))
     workdir = tmp_path_factory.mktemp("run")
     (workdir / "config.json").write_text(config.to_json())
     policy = load_bootstrap(cache_path(config.bootstrap.cache_dir, config_lib.bootstrap_config(config)))

@@ -1,19 +1,17 @@
 """The per-device memory plan: hand-counted bytes on small configs, the published model sizes,
 and the 30B preset's plan on its TPU v5p-64 mesh."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
+from experiments import presets
 from spade_jax.models.config import ModelConfig
 from spade_jax.sampling.memory_plan import (
     GIB, PUBLISHED_ARCHITECTURES, memory_plan, mesh_stub, per_device, plan_for_config, resolve_mesh_shape)
 from spade_jax.models.sharding import TRAIN_RULES
 from spade_jax.selfplay.config import validate
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Llama family, tied embeddings: 256*64 + 2 layers * (q 4*16*64 + k, v 2*16*64 + o 64*4*16 + 2 norms of 64
 # + gate, up, down 128*64) + final norm 64 = 90432 parameters, every axis even.
@@ -28,10 +26,7 @@ def _plan(config=TINY, mesh=(1, 2, 1), **overrides):
 
 
 def _preset():
-    spec = importlib.util.spec_from_file_location("qwen3_30b_a3b", REPO / "configs" / "qwen3_30b_a3b.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return presets.load("configs/qwen3_30b_a3b.py")
 
 
 def test_tiny_dense_plan_on_two_fsdp_devices():
