@@ -20,13 +20,12 @@ arms that pack what the method packs.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from configs import qwen3_4b, tiny
 from spade_jax.admission import AdmissionReport
 from spade_jax.agent import play_episodes
 from spade_jax.designer.rollout import DesignerConfig, DesignSample, assign_slots
@@ -34,8 +33,6 @@ from spade_jax.envs import library
 from spade_jax.selfplay import config as config_lib
 from spade_jax.selfplay import loop
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from configs import qwen3_4b, tiny  # noqa: E402
 
 GOOD = library.load_source("arithmetic")
 

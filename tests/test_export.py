@@ -215,12 +215,8 @@ def test_plan_shards_packs_in_order_and_isolates_large_tensors():
 def bootstrap_export(tiny_bootstrap_cache, tmp_path_factory):
     """The `tiny:runlocal` bootstrap policy (Llama, untied, SentencePiece/ChatML), its float32
     export, and transformers' model and tokenizer loaded from it."""
-    import sys
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from configs import tiny
     from spade_jax.bootstrap import BootstrapConfig, cache_path, load_bootstrap
 

@@ -11,7 +11,6 @@ check existed (and before every level was judged like the default).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +88,6 @@ EXPECT = {
 
 
 def _tiny_admission() -> AdmissionConfig:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from configs import tiny
 
     return config_lib.admission_config(tiny.get_config())
