@@ -13,23 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 import importlib.util  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def bench_script():
-    """Loads a script of bench/ (not a package) as a module: bench_script("learning_study")."""
-    def load(name: str):
-        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    return load
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ Plays on the rollout engine, group-centred advantages (`scoring.agent_sequences`
 and the policy-gradient update, on a one-layer random model: a program whose only instance
 pays any reply that holds a target letter is learned within a few updates; the same updates
 at learning rate 0 leave the win rate where it was (the same seeds replay the same tokens).
-`bench/rl_sanity.py` is the full rung on the trained `tiny` policy.
+`experiments/ladder/sanity.py` is the full rung on the trained `tiny` policy.
 """
 
 from collections import Counter

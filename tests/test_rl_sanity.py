@@ -1,4 +1,4 @@
-"""The learning ladder's statistics and play allocation (`bench/rl_sanity.py`) against hand-computed numbers."""
+"""The learning ladder's statistics and play allocation (`experiments/ladder/sanity.py`) against hand-computed numbers."""
 
 import json
 
@@ -7,8 +7,10 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def rl_sanity(bench_script):
-    return bench_script("rl_sanity")
+def rl_sanity():
+    from experiments.ladder import sanity
+
+    return sanity
 
 
 def test_mcnemar_p_is_the_two_sided_binomial_tail_of_the_discordant_pairs(rl_sanity):

@@ -2,6 +2,8 @@
 and level, plays that must not win, and sandbox admission as the designer's programs are admitted."""
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +65,14 @@ def test_render_sets_the_one_knob_and_refuses_values_outside_the_grid():
         testbed.get("nope")
 
 
+def test_knob_setting_reads_the_family_and_value_of_a_rendering():
+    for env in testbed.TESTBED_ENVS:
+        assert testbed.knob_setting(testbed.render(env.name, env.allowed[-1])) == (env.name, env.allowed[-1])
+    assert testbed.knob_setting(library.load_source("number_guess")) is None
+    renamed = testbed.render("bisect", 24).replace("class BisectEnv", "class GuessEnv")
+    assert testbed.knob_setting(renamed) is None
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_solution_wins_at_every_knob_value_and_level_within_the_preset_turns(name):
     max_turns = 12  # configs/testbed.py: the bootstrap's agent_max_turns
@@ -109,9 +119,9 @@ def test_a_fixed_answer_does_not_win_most_seeds(name):
 
 
 def test_every_family_passes_admission_at_its_lowest_and_highest_knob():
-    admission = pytest.importorskip("spade_jax.sandbox.admission")
+    admission = pytest.importorskip("spade_jax.admission")
     from spade_jax.sandbox import SandboxPool
-    from spade_jax.sandbox.similarity import code_similarity
+    from spade_jax.admission.similarity import code_similarity
 
     cases = [(env.name, value) for env in testbed.TESTBED_ENVS for value in (env.trained[0], env.allowed[-1])]
     config = admission.AdmissionConfig(batch_novelty=False, max_turns=12)  # renderings of one game are alike
@@ -124,3 +134,16 @@ def test_every_family_passes_admission_at_its_lowest_and_highest_knob():
     assert [(case, r.stage, r.reason) for case, r in zip(cases, reports) if not r.admitted] == []
     pairs = itertools.combinations([testbed.load_source(name) for name in FAMILIES], 2)
     assert max(code_similarity(a, b) for a, b in pairs) < config.novelty_threshold
+
+
+def test_readme_table_matches_the_testbed_registry():
+    readme = (Path(library.__file__).parent / "README.md").read_text().split("\n## Testbed families")[1]
+    rows = re.findall(r"^\| (\w+) \| ([a-z ]+) \| game[^|]* \| (\w+): ([^|(]+) \(([^)]+)\) \|", readme, re.MULTILINE)
+    table = {name: (skill, knob, trained.strip(), beyond) for name, skill, knob, trained, beyond in rows}
+
+    def values(vs):
+        return f"{vs[0]}..{vs[-1]}" if vs == tuple(range(vs[0], vs[-1] + 1)) else ", ".join(map(str, vs))
+
+    expected = {env.name: (env.skill, env.knob, values(env.trained), ", ".join(map(str, env.allowed[len(env.trained):])))
+                for env in testbed.TESTBED_ENVS}
+    assert table == expected

@@ -58,11 +58,11 @@ TESTBED_ENVS: tuple[TestbedEnv, ...] = (
     TestbedEnv("sort_list", "optimization", "sort_list.py",
                "write a list of two-digit numbers from smallest to largest",
                "LENGTH", _span(2, 14), _span(2, 12)),
-    TestbedEnv("column_add", "mathematical reasoning", "column_add.py",
-               "add two whole numbers of the same number of digits, carrying",
+    TestbedEnv("carry_add", "mathematical reasoning", "carry_add.py",
+               "add two numbers one column per turn, ones first, carrying",
                "DIGITS", _span(1, 10), _span(1, 8)),
     TestbedEnv("letter_count", "pattern recognition", "letter_count.py",
-               "count how often a letter appears in a row of letters a-d",
+               "count how often a letter appears in a row of letters p-s",
                "LENGTH", (3, 4, 6, 8, 10, 12, 16, 20, 24, 30, 36, 42), (3, 4, 6, 8, 10, 12, 16, 20, 24, 30)),
 )
 
@@ -110,9 +110,20 @@ def render(name: str, value: int | None = None) -> str:
     return _knob_line(env.knob).sub(lambda match: f"{match.group(1)}{value}", source, count=1)
 
 
+def knob_setting(code: str) -> tuple[str, int] | None:
+    """(family, knob value) of a program written as a testbed family (a rendering, or a designer's
+    variant that keeps the family's class name and knob constant); None for anything else."""
+    for env in TESTBED_ENVS:
+        class_name = "".join(part.title() for part in env.name.split("_")) + "Env"
+        match = _knob_line(env.knob).search(code)
+        if match and re.search(rf"^class {class_name}\b", code, re.MULTILINE):
+            return env.name, int(match.group(2))
+    return None
+
+
 def _knob_line(knob: str) -> re.Pattern:
     return re.compile(rf"^({knob} = )(-?\d+)", re.MULTILINE)
 
 
-__all__ = ["SKILLS", "TESTBED_ENVS", "TestbedEnv", "default_knob", "get", "level_values", "load_source",
-           "render", "source_path"]
+__all__ = ["SKILLS", "TESTBED_ENVS", "TestbedEnv", "default_knob", "get", "knob_setting", "level_values",
+           "load_source", "render", "source_path"]

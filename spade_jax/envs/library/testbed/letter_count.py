@@ -8,7 +8,7 @@ import re
 
 from spade_jax.envs import SUCCESS_REWARD, extract_boxed
 
-LENGTH = 8  # allowed: 3..48, letters in the row, each one of a, b, c, d
+LENGTH = 8  # allowed: 3..48, letters in the row, each one of p, q, r, s
 LEVELS = {"easy": 4, "medium": 10, "hard": 24}
 
 
@@ -25,8 +25,8 @@ class LetterCountEnv:
 
     def reset(self, seed=None):
         rng = random.Random(seed)
-        letters = [rng.choice("abcd") for _ in range(LENGTH)]
-        target = rng.choice("abcd")
+        letters = [rng.choice("pqrs") for _ in range(LENGTH)]
+        target = rng.choice("pqrs")
         self.answer = letters.count(target)
         self.turn, self.done = 0, False
         observation = (
