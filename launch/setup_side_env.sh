@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates or refreshes a side virtualenv for a check whose packages cannot share .venv, and prints its python.
 #   bash launch/setup_side_env.sh openenv   OpenEnv (openenv-core pulls gradio, which downgrades pillow and
-#                                           tomlkit): tests/test_envpack.py checks environment packs with it
-#   bash launch/setup_side_env.sh litellm   litellm (boto3 needs python-dateutil<3): tests/test_serve.py checks
+#                                           tomlkit): tests/envpack/test_envpack.py checks environment packs with it
+#   bash launch/setup_side_env.sh litellm   litellm (boto3 needs python-dateutil<3): tests/serve/test_serve.py checks
 #                                           that litellm reads the server's errors and forced tool calls
 # Each installs requirements-test-NAME.txt into SPADE_SIDE_VENVS/NAME (default build/venv-NAME, an ignored
 # path). PYTHON picks the interpreter (default python3.12, else the one .venv was made with). Re-running is

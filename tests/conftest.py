@@ -1,7 +1,7 @@
 """Test session setup: 8 fake CPU devices so sharded and single-device runs share one process.
 
 XLA compiles without backend optimisation: the tests' models are tiny, so compiling is most of
-their time (tests/test_train.py: 162 s at the default level, 78 s at level 0; `git log -p bench/RESULTS.md`).
+their time (tests/rl/test_train.py: 162 s at the default level, 78 s at level 0; `git log -p bench/RESULTS.md`).
 Every comparison in the suite is between programs compiled the same way.
 """
 import os

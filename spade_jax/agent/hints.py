@@ -8,7 +8,7 @@ Modes:
             environments, empty hints sampled again (`HintConfig.retries`).
   strategy  a hand-written strategy hint for the seed family the program is nearest to
             (`agent.strategy`); no hint below the match threshold. Offline and never the
-            answer of an instance (tests/test_hint_leaks.py): the tiny preset's mode, whose
+            answer of an instance (tests/agent/test_hint_leaks.py): the tiny preset's mode, whose
             bootstrap model cannot write hints.
   solution  a diagnostic upper bound, NOT SPADE's regret: each hinted episode is told the
             whole plan of the environment's own `solution()` for its seed, one numbered

@@ -4,7 +4,7 @@ Each seed program of `spade_jax.envs.library` has one hint that says how to appr
 and what form the answer takes, in the spirit of the reference's hint rules
 (spade-rl/spade core/hint_generator.py:24-45: 1-3 sentences, strategy and answer format,
 never the exact answer). The hints name no instance value: no number, no letter, name or
-word that could be an answer of some seed (checked by tests/test_hint_leaks.py, which plays
+word that could be an answer of some seed (checked by tests/agent/test_hint_leaks.py, which plays
 every word and number of every hint as a fixed answer on every library program and the
 bootstrap's renderings). The article "a" is avoided on purpose: a letter is an answer in
 several games.
@@ -14,7 +14,7 @@ the sets of words a program uses (identifiers and the words of its string litera
 lower-cased, three letters or more, Python's keywords and builtins left out). Renamed or
 restructured copies of a seed (the bootstrap's `variants`) keep their words and score near
 above 0.9; two distinct seeds share at most 0.53 (arithmetic and sequence; both measured by
-`tests/test_hint_leaks.py`). Below
+`tests/agent/test_hint_leaks.py`). Below
 `MATCH_THRESHOLD` a program is no known family and gets no hint (None): its hinted plays are
 then not run (`hints.matched_requests`).
 
