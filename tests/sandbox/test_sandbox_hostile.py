@@ -42,8 +42,6 @@ from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.sandbox import EpisodeSpec, IsolationReport, SandboxConfig, SandboxPool, StepResult
 
 # Wall-clock and process-count bounds: run alone, not beside other tests (tests/run.sh).
-pytestmark = pytest.mark.serial
-
 HOSTILE = Path(__file__).parent / "hostile"
 GOOD = (Path(__file__).parents[1] / "sandbox_examples" / "boxed_game.py").read_text()
 SECRET = "s3cr3t-9f8e7d6c"
@@ -55,9 +53,13 @@ BASE = dict(num_workers=2, load_timeout_s=LOAD_S, call_timeout_s=CALL_S, memory_
 
 
 def _unprivileged_uid() -> int:
-    """A uid no account and no process on this machine uses (the test's unprivileged user)."""
+    """A uid no account and no process on this machine uses (the test's unprivileged user), its
+    search started at an offset of this process's pid: RLIMIT_NPROC counts a uid's processes
+    machine-wide, so two test processes sharing one (xdist workers, two suites at once) would
+    spend each other's process budget (a fork bomb in one made the other's fork fail)."""
     used = {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info["uids"]}
-    for uid in range(61_234, 65_000):
+    start = 61_234 + (os.getpid() % 1024) * 3
+    for uid in [*range(start, 65_000), *range(61_234, start)]:
         try:
             pwd.getpwuid(uid)
         except KeyError:
