@@ -244,7 +244,8 @@ def test_repeated_calls_do_not_pile_up_host_memory():
     # Measured (132 MB of cache per call): with the trim the peak grows 0 MB in most runs, up to
     # 43 MB in one of about ten and 77 MB once on a loaded machine (a call's allocations overlapping
     # the previous call's release); without it, 143-239 MB here, 128 MB and 91 MB on a loaded
-    # machine. Under load the two overlap in single runs, so the trimmed run gets three tries.
+    # machine, on the rollout engine once 16 MB (a fresh clone's CI, quiet machine). Single runs of
+    # either can land on the other's side, so each gets three tries.
     growths = []
     for _ in range(3):
         growth, cache_mb = run("trim")
@@ -252,8 +253,13 @@ def test_repeated_calls_do_not_pile_up_host_memory():
         if growth < 0.4 * cache_mb:
             break
     assert min(growths) < 0.4 * cache_mb, (growths, cache_mb)
-    untrimmed_growth, _ = run("no-trim")
-    assert untrimmed_growth > 0.5 * cache_mb, "the allocator no longer piles up caches; the trim may be unneeded"
+    untrimmed = []
+    for _ in range(3):
+        untrimmed.append(run("no-trim")[0])
+        if untrimmed[-1] > 0.5 * cache_mb:
+            break
+    assert max(untrimmed) > 0.5 * cache_mb, ("the allocator no longer piles up caches; the trim may be unneeded",
+                                             untrimmed, cache_mb)
 
 
 def test_sharded_sampler_matches_one_device():
