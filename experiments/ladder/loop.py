@@ -337,6 +337,14 @@ def run_mean(workdir: Path, metric: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _against(control: dict, after: dict) -> tuple[float, bool, str]:
+    """The trained designer's fresh-prompt rewards against the control's on the same prompts: the
+    sign test's p, whether its mean is higher, and the report's cell."""
+    c, t = paired(control, after, "reward")
+    p = sign_test_p(c, t)
+    return p, bool(t.mean() > c.mean()), f"{p:.3g} ({c.mean():.3f} → {t.mean():.3f})"
+
+
 def rung2_report(records: dict) -> tuple[list[str], bool]:
     """Markdown lines (per seed: each arm's fresh-prompt reward before -> after with the sign test,
     trained against control, admission, win rates; sample programs) and whether the bar is met."""
@@ -353,10 +361,8 @@ def rung2_report(records: dict) -> tuple[list[str], bool]:
             b, a = paired(before, after, "reward")
             vs_control = "–"
             if arm == "spade":
-                c, t = paired(control, after, "reward")
-                p_control = sign_test_p(c, t)
-                vs_control = f"{p_control:.3g} ({c.mean():.3f} → {t.mean():.3f})"
-                met &= p_control < 0.05 and t.mean() > c.mean() and np.mean(after["admitted"]) >= 0.5
+                p_control, beats, vs_control = _against(control, after)
+                met &= p_control < 0.05 and beats and np.mean(after["admitted"]) >= 0.5
             rates = [w for w in after["win_rate"] if w is not None]
             lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | "
                          f"{vs_control} | "
@@ -533,10 +539,8 @@ def rung2b_report(records: dict) -> tuple[list[str], bool]:
             b, a = paired(before, after, "reward")
             vs_control = "–"
             if arm == "spade":
-                c, t = paired(control, after, "reward")
-                p_control = sign_test_p(c, t)
-                vs_control = f"{p_control:.3g} ({c.mean():.3f} → {t.mean():.3f})"
-                met &= (p_control < 0.05 and t.mean() > c.mean()
+                p_control, beats, vs_control = _against(control, after)
+                met &= (p_control < 0.05 and beats
                         and _distance(after["length"], target) < _distance(control["length"], target))
             median = lambda r: _fmt(float(np.median([n for n in r["length"] if n is not None] or [math.nan])))
             lines.append(f"| {seed} | {arm} | {b.mean():.3f} → {a.mean():.3f} | {sign_test_p(b, a):.3g} | {vs_control} | "

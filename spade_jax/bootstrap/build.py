@@ -274,13 +274,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
                          timings["tokenizer_s"])
 
             clock = time.perf_counter()
-            model_config = cfg.model_config(tokenizer.vocab_size)
-            mesh = make_mesh((1, 1, 1), jax.local_devices()[:1])
-            policy = Policy(init_model(model_config, seed=cfg.seed, mesh=mesh), model_config, tokenizer, mesh)
-            optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, b2=cfg.b2,
-                                warmup_steps=cfg.warmup_steps, schedule="cosine", total_steps=cfg.steps)
-            trainer = Trainer(policy, optim, LossConfig(objective="nll", micro_batch_rows=cfg.micro_batch_rows))
-            _compile(trainer, cfg)
+            model_config, policy, trainer = _compiled_trainer(cfg, tokenizer)
             timings["compile_s"] = time.perf_counter() - clock
             logging.info("bootstrap: compiled the %.1fM-parameter model's update in %.1fs",
                          model_config.num_params / 1e6, timings["compile_s"])
@@ -322,18 +316,35 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
         timings["train_s"] = time.perf_counter() - clock
         stats["loss"] = {"first": losses[0], "last": losses[-1], "curve": losses}
 
-        _save_params(staging / "params.npz", nnx.to_pure_dict(nnx.state(policy.model)))
         timings["total_s"] = time.perf_counter() - started
-        stats["timings"] = timings
-        meta = {"version": BOOTSTRAP_VERSION, "model_config": dataclasses.asdict(model_config), "stats": stats}
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        (staging / _DONE).write_text("")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
+        _commit(staging, path, policy, model_config, stats, timings)
         logging.info("bootstrap: done in %.0fs, cached in %s", timings["total_s"], path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _compiled_trainer(cfg: BootstrapConfig, tokenizer) -> tuple:
+    """(model config, a freshly initialised policy, its `nll` Trainer with the update compiled)."""
+    model_config = cfg.model_config(tokenizer.vocab_size)
+    mesh = make_mesh((1, 1, 1), jax.local_devices()[:1])
+    policy = Policy(init_model(model_config, seed=cfg.seed, mesh=mesh), model_config, tokenizer, mesh)
+    optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, b2=cfg.b2,
+                        warmup_steps=cfg.warmup_steps, schedule="cosine", total_steps=cfg.steps)
+    trainer = Trainer(policy, optim, LossConfig(objective="nll", micro_batch_rows=cfg.micro_batch_rows))
+    _compile(trainer, cfg)
+    return model_config, policy, trainer
+
+
+def _commit(staging: Path, path: Path, policy, model_config, stats: dict, timings: dict) -> None:
+    """Writes the trained weights, meta.json and the done marker into ``staging``, then moves it to ``path``."""
+    _save_params(staging / "params.npz", nnx.to_pure_dict(nnx.state(policy.model)))
+    stats["timings"] = timings
+    meta = {"version": BOOTSTRAP_VERSION, "model_config": dataclasses.asdict(model_config), "stats": stats}
+    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+    (staging / _DONE).write_text("")
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(staging, path)
 
 
 def _by_key(programs: list[data.Program]) -> dict[tuple[str, str], list[str]]:

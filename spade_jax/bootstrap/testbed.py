@@ -37,7 +37,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import os
 import random
 import shutil
@@ -45,10 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 from absl import logging
-from flax import nnx
 from jax.sharding import Mesh
 
 from spade_jax.bootstrap import build, data, variants
@@ -57,9 +54,7 @@ from spade_jax.designer.memory import EnvironmentMemory
 from spade_jax.designer.prompts import DIFFICULTIES, designer_answer, slot_messages
 from spade_jax.envs import library
 from spade_jax.envs.library import testbed
-from spade_jax.models import Policy, SentencePieceTokenizer, make_mesh
-from spade_jax.models.policy import init_model
-from spade_jax.rl.train import LossConfig, OptimConfig, Trainer
+from spade_jax.models import Policy, SentencePieceTokenizer
 from spade_jax.sandbox import SandboxConfig, SandboxPool
 from spade_jax.admission import AdmissionConfig, admit_batch
 from spade_jax.admission.similarity import fingerprint, jaccard
@@ -280,13 +275,7 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
         timings["tokenizer_s"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
-        model_config = cfg.model_config(tokenizer.vocab_size)
-        mesh = make_mesh((1, 1, 1), jax.local_devices()[:1])
-        policy = Policy(init_model(model_config, seed=cfg.seed, mesh=mesh), model_config, tokenizer, mesh)
-        optim = OptimConfig(lr=cfg.lr, weight_decay=cfg.weight_decay, b2=cfg.b2,
-                            warmup_steps=cfg.warmup_steps, schedule="cosine", total_steps=cfg.steps)
-        trainer = Trainer(policy, optim, LossConfig(objective="nll", micro_batch_rows=cfg.micro_batch_rows))
-        build._compile(trainer, cfg)
+        model_config, policy, trainer = build._compiled_trainer(cfg, tokenizer)
         timings["compile_s"] = time.perf_counter() - clock
 
         designer_seqs = [data.designer_sequence(tokenizer, m, c) for m, c in designer]
@@ -304,15 +293,8 @@ def _build(path: Path, cfg: BootstrapConfig, progress: bool) -> None:
         timings["train_s"] = time.perf_counter() - clock
         stats["loss"] = {"first": losses[0], "last": losses[-1], "curve": losses}
 
-        build._save_params(staging / "params.npz", nnx.to_pure_dict(nnx.state(policy.model)))
         timings["total_s"] = time.perf_counter() - started
-        stats["timings"] = timings
-        meta = {"version": build.BOOTSTRAP_VERSION, "model_config": dataclasses.asdict(model_config), "stats": stats}
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        (staging / build._DONE).write_text("")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(staging, path)
+        build._commit(staging, path, policy, model_config, stats, timings)
         logging.info("testbed bootstrap: done in %.0fs, cached in %s", timings["total_s"], path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
